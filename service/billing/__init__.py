@@ -1,0 +1,1 @@
+"""Billing domain: plan config, provider-neutral subscription events, the webhook inbox."""

@@ -1,0 +1,132 @@
+"""The plan config (plans.toml): plan names, per-metric monthly limits and provider mappings.
+
+Nothing about plans is hard-coded; a deployment with other plans edits the file. A metric that a plan
+does not list has limit 0 on that plan; "unlimited" is stored as None.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from service.errors import PlanConfigError
+
+Limit = int | None  # None = unlimited
+
+# Statuses under which a paid plan keeps its limits; any other status means lapsed.
+ACCESS_STATUSES = frozenset({"active", "trialing", "past_due"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    name: str
+    limits: dict[str, Limit]
+    stripe_prices: tuple[str, ...] = ()
+    revenuecat_entitlements: tuple[str, ...] = ()
+    revenuecat_products: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanConfig:
+    free_plan: str
+    plans: dict[str, Plan]
+    metrics: tuple[str, ...] = field(default=())
+
+    def limit(self, plan: str, metric: str) -> Limit:
+        """The plan's monthly limit for `metric`; an unknown plan gets the free plan's limits."""
+        p = self.plans.get(plan) or self.plans[self.free_plan]
+        return p.limits.get(metric, 0)
+
+    def limits(self, plan: str) -> dict[str, Limit]:
+        return {m: self.limit(plan, m) for m in self.metrics}
+
+    def is_paid(self, plan: str) -> bool:
+        return plan != self.free_plan
+
+    def is_lapsed(self, plan: str, status: str) -> bool:
+        """A paid plan whose subscription status keeps no access falls back to the free limits."""
+        return self.is_paid(plan) and status not in ACCESS_STATUSES
+
+    def plan_for_stripe_price(self, *keys: str | None) -> str | None:
+        """The plan that lists any of these price lookup keys or price ids."""
+        for p in self.plans.values():
+            if any(k and k in p.stripe_prices for k in keys):
+                return p.name
+        return None
+
+    def plan_for_revenuecat(self, entitlements: list[str], product: str | None) -> str | None:
+        """The plan that lists one of these entitlement ids, else the product id."""
+        for p in self.plans.values():
+            if any(e in p.revenuecat_entitlements for e in entitlements):
+                return p.name
+        for p in self.plans.values():
+            if product and product in p.revenuecat_products:
+                return p.name
+        return None
+
+
+def _limit(plan: str, metric: str, value: Any) -> Limit:
+    if value == "unlimited":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise PlanConfigError(f'plans.{plan}.limits.{metric}: expected an integer >= 0 or "unlimited"')
+    return value
+
+
+def _strings(plan: str, key: str, value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise PlanConfigError(f"plans.{plan}.{key}: expected a list of non-empty strings")
+    return tuple(value)
+
+
+def parse_plans(data: dict[str, Any]) -> PlanConfig:
+    """Validate a parsed plans.toml; raises PlanConfigError naming the first bad entry."""
+    free = data.get("free_plan")
+    raw = data.get("plans")
+    if not isinstance(raw, dict) or not raw:
+        raise PlanConfigError("plans: at least one [plans.<name>] table is required")
+    if not isinstance(free, str) or free not in raw:
+        raise PlanConfigError("free_plan: must name one of the [plans.<name>] tables")
+    plans: dict[str, Plan] = {}
+    seen: dict[tuple[str, str], str] = {}
+    for name, body in raw.items():
+        if not isinstance(body, dict):
+            raise PlanConfigError(f"plans.{name}: expected a table")
+        unknown = set(body) - {"limits", "stripe_prices", "revenuecat_entitlements", "revenuecat_products"}
+        if unknown:
+            raise PlanConfigError(f"plans.{name}: unknown keys {sorted(unknown)}")
+        limits = body.get("limits", {})
+        if not isinstance(limits, dict):
+            raise PlanConfigError(f"plans.{name}.limits: expected a table")
+        plan = Plan(
+            name=name,
+            limits={m: _limit(name, m, v) for m, v in limits.items()},
+            stripe_prices=_strings(name, "stripe_prices", body.get("stripe_prices")),
+            revenuecat_entitlements=_strings(
+                name, "revenuecat_entitlements", body.get("revenuecat_entitlements")
+            ),
+            revenuecat_products=_strings(name, "revenuecat_products", body.get("revenuecat_products")),
+        )
+        for key in ("stripe_prices", "revenuecat_entitlements", "revenuecat_products"):
+            for v in getattr(plan, key):
+                other = seen.setdefault((key, v), name)
+                if other != name:
+                    raise PlanConfigError(f"{key} {v!r} maps to both {other!r} and {name!r}")
+        plans[name] = plan
+    metrics = tuple(sorted({m for p in plans.values() for m in p.limits}))
+    return PlanConfig(free_plan=free, plans=plans, metrics=metrics)
+
+
+def load_plans(path: Path) -> PlanConfig:
+    """Read and validate the plan config file."""
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise PlanConfigError(f"plan config {path} not found") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise PlanConfigError(f"plan config {path}: {e}") from None
+    return parse_plans(data)

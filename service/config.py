@@ -1,0 +1,40 @@
+"""Settings, read from the environment in one place."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_PLANS_FILE = Path(__file__).resolve().parent.parent / "plans.toml"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    database_url: str
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    stripe_webhook_secrets: tuple[str, ...] = ()
+    revenuecat_webhook_auth: str = ""
+    plans_file: Path = DEFAULT_PLANS_FILE
+    db_pool_size: int = 4
+    # Verified API keys are remembered this long per process: a revoked key stops working within it.
+    key_cache_seconds: float = 5.0
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        """Read settings from `env` (default: os.environ). DATABASE_URL is required."""
+        e = os.environ if env is None else env
+        url = e.get("DATABASE_URL", "")
+        if not url:
+            raise RuntimeError("DATABASE_URL is not set (see README: Configuration)")
+        return cls(
+            database_url=url,
+            redis_url=e.get("REDIS_URL", cls.redis_url),
+            stripe_webhook_secrets=tuple(
+                s.strip() for s in e.get("STRIPE_WEBHOOK_SECRETS", "").split(",") if s.strip()
+            ),
+            revenuecat_webhook_auth=e.get("REVENUECAT_WEBHOOK_AUTH", ""),
+            plans_file=Path(e.get("PLANS_FILE") or DEFAULT_PLANS_FILE),
+            db_pool_size=int(e.get("DB_POOL_SIZE", cls.db_pool_size)),
+            key_cache_seconds=float(e.get("KEY_CACHE_SECONDS", cls.key_cache_seconds)),
+        )

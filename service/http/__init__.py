@@ -1,0 +1,32 @@
+"""Flask lives here only: the app factory, blueprints, schemas and the error → JSON mapping."""
+
+from __future__ import annotations
+
+import logging
+
+from flask import Flask
+
+from service.billing.plans import load_plans
+from service.config import Settings
+from service.db import make_pool
+from service.http.runtime import Runtime
+
+
+def build_app(settings: Settings | None = None) -> Flask:
+    from service.http import accounts, admin, errors, health, metrics
+
+    settings = settings or Settings.from_env()
+    app = Flask("service")
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.config["MAX_CONTENT_LENGTH"] = 1024 * 1024  # a webhook is a few kB; refuse absurd bodies (413)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    app.extensions["quota"] = Runtime(
+        settings=settings,
+        pool=make_pool(settings.database_url, size=settings.db_pool_size),
+        plans=load_plans(settings.plans_file),
+    )
+    errors.init_app(app)
+    metrics.init_app(app)
+    for bp in (accounts.bp, admin.bp, health.bp):
+        app.register_blueprint(bp)
+    return app

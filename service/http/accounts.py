@@ -1,0 +1,83 @@
+"""Product API: accounts, takes, releases, usage (role product; admin may too)."""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response, jsonify
+
+from service.http import schemas
+from service.http.auth import actor, require
+from service.http.errors import ApiError
+from service.http.metrics import RELEASES, TAKES
+from service.http.runtime import runtime
+from service.http.validation import account_id, json_body, query_args
+from service.http.views import account_json, release_json, take_json
+from service.quota import accounts, periods, takes, usage
+
+bp = Blueprint("accounts", __name__, url_prefix="/v1")
+PRODUCT = ("product", "admin")
+MAX_BIGINT = 2**63 - 1
+
+
+@bp.put("/accounts/<id>")
+@require(*PRODUCT)
+def put_account(id: str) -> tuple[Response, int]:
+    body = json_body(schemas.AccountPut())
+    rt = runtime()
+    with rt.connection() as conn:
+        created = accounts.upsert_account(conn, rt.plans, account_id=account_id(id), **body)
+        view = accounts.get_account(conn, rt.plans, account_id=id)
+    return jsonify(account_json(view)), 201 if created else 200
+
+
+@bp.get("/accounts/<id>")
+@require(*PRODUCT)
+def get_account(id: str) -> Response:
+    rt = runtime()
+    with rt.connection() as conn:
+        view = accounts.get_account(conn, rt.plans, account_id=account_id(id))
+    return jsonify(account_json(view))
+
+
+@bp.post("/accounts/<id>/takes")
+@require(*PRODUCT)
+def post_take(id: str) -> tuple[Response, int]:
+    body = json_body(schemas.TakeRequest())
+    rt = runtime()
+    try:
+        with rt.connection() as conn:
+            granted = takes.take(conn, rt.plans, account_id=account_id(id), actor=actor(), **body)
+    except Exception as e:
+        TAKES.labels(getattr(e, "code", "error")).inc()
+        raise
+    TAKES.labels("replayed" if granted.replayed else "granted").inc()
+    return jsonify(take_json(granted)), 200 if granted.replayed else 201
+
+
+@bp.post("/takes/<int:take_id>/release")
+@require(*PRODUCT)
+def post_release(take_id: int) -> Response:
+    if take_id > MAX_BIGINT:
+        raise ApiError(404, "unknown_take", f"unknown take {take_id}")
+    rt = runtime()
+    with rt.connection() as conn:
+        result = takes.release(conn, take_id=take_id, actor=actor())
+    RELEASES.labels("released" if result.released else str(result.reason)).inc()
+    return jsonify(release_json(result))
+
+
+@bp.get("/accounts/<id>/usage")
+@require(*PRODUCT)
+def get_usage(id: str) -> Response:
+    args = query_args(schemas.UsageQuery())
+    rt = runtime()
+    if args["metric"] not in rt.plans.metrics:
+        raise ApiError(
+            422,
+            "validation_failed",
+            "the request is not valid",
+            fields={"metric": [f"unknown metric; known: {', '.join(rt.plans.metrics)}"]},
+        )
+    with rt.connection() as conn:
+        period = args.get("period")
+        used = usage.usage(conn, account_id=account_id(id), metric=args["metric"], period=period)
+    return jsonify({"metric": args["metric"], "period": period or periods.current_period(), "used": used})

@@ -1,0 +1,68 @@
+"""API-key authentication with roles. A missing or unknown key is 401, a key of the wrong role 403."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from functools import wraps
+from typing import ParamSpec, TypeVar
+
+from flask import g, request
+
+from service.http.errors import ApiError
+from service.http.runtime import runtime
+from service.keys import KeyOwner, hash_key, verify_key
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# Per-process cache of verified keys: saves a query per request; a revoked key keeps working for at
+# most KEY_CACHE_SECONDS here. Unknown keys are not cached, so a new key works at once.
+_cache: dict[bytes, tuple[KeyOwner, float]] = {}
+
+
+def authenticate() -> KeyOwner:
+    header = request.headers.get("Authorization", "")
+    scheme, _, key = header.partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise ApiError(401, "unauthorized", "send Authorization: Bearer <api key>")
+    key = key.strip()
+    digest = hash_key(key)
+    now = time.monotonic()
+    hit = _cache.get(digest)
+    if hit and hit[1] > now:
+        return hit[0]
+    rt = runtime()
+    with rt.connection() as conn:
+        owner = verify_key(conn, key)
+    if owner is None:
+        _cache.pop(digest, None)
+        raise ApiError(401, "unauthorized", "unknown or revoked API key")
+    if len(_cache) > 10_000:
+        _cache.clear()
+    _cache[digest] = (owner, now + rt.settings.key_cache_seconds)
+    return owner
+
+
+def require(*roles: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Allow only keys whose role is one of `roles`; the key's owner is `g.key`."""
+
+    def decorate(view: Callable[P, R]) -> Callable[P, R]:
+        @wraps(view)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            owner = authenticate()
+            if owner.role not in roles:
+                raise ApiError(403, "forbidden", f"this needs a key with role {' or '.join(roles)}")
+            g.key = owner
+            return view(*args, **kwargs)
+
+        wrapper.roles = roles  # type: ignore[attr-defined]  # read by the OpenAPI builder
+        return wrapper
+
+    return decorate
+
+
+def actor() -> str:
+    """Who is acting, for ledger and audit rows: the API key's name."""
+    owner: KeyOwner = g.key
+    return owner.name

@@ -1,0 +1,52 @@
+"""Prometheus metrics. Under gunicorn, `serve` sets PROMETHEUS_MULTIPROC_DIR so that every worker
+process writes its samples to shared files and /metrics adds them up."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from flask import Flask, Response, g, request
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+
+TAKES = Counter("quota_takes_total", "Takes by outcome", ["outcome"])
+RELEASES = Counter("quota_releases_total", "Releases by outcome", ["outcome"])
+REQUEST_SECONDS = Histogram(
+    "http_request_duration_seconds",
+    "Request latency by route and status",
+    ["method", "route", "status"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+)
+
+
+def render() -> Response:
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    else:
+        registry = REGISTRY
+    return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
+
+
+def init_app(app: Flask) -> None:
+    @app.before_request
+    def _start() -> None:
+        g.t0 = time.perf_counter()
+
+    @app.after_request
+    def _observe(resp: Response) -> Response:
+        t0 = g.get("t0")
+        if t0 is not None:
+            route = request.url_rule.rule if request.url_rule else "unmatched"
+            REQUEST_SECONDS.labels(request.method, route, str(resp.status_code)).observe(
+                time.perf_counter() - t0
+            )
+        return resp

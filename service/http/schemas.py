@@ -1,0 +1,115 @@
+"""Request and response schemas: validation for requests, documentation (OpenAPI) for both."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from marshmallow import Schema, ValidationError, fields, validate
+
+ACCOUNT_ID = validate.Regexp(r"^[A-Za-z0-9._:@-]{1,128}$", error="1-128 characters of [A-Za-z0-9._:@-]")
+PERIOD = validate.Regexp(r"^[0-9]{4}-(0[1-9]|1[0-2])$", error="a calendar month, YYYY-MM")
+MAX_UNITS = 2**31 - 1
+
+
+class StrictInt(fields.Integer):
+    """A JSON integer only: no strings, floats or booleans (bool is an int in Python)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(strict=True, **kwargs)
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValidationError("Not a valid integer.")
+        return super()._deserialize(value, attr, data, **kwargs)
+
+
+class AccountPut(Schema):
+    kind = fields.String(required=True, validate=validate.OneOf(["user", "team"]))
+    stripe_customer_id = fields.String(validate=validate.Length(min=1, max=255), allow_none=True)
+
+
+class TakeRequest(Schema):
+    metric = fields.String(required=True, validate=validate.Length(min=1, max=64))
+    units = StrictInt(load_default=1, validate=validate.Range(min=1, max=MAX_UNITS))
+    idempotency_key = fields.String(validate=validate.Length(min=1, max=255), allow_none=True)
+
+
+class OverridePut(Schema):
+    limit = StrictInt(
+        required=True,
+        allow_none=True,
+        validate=validate.Range(min=0, max=2**63 - 1),
+        metadata={"description": "null = unlimited"},
+    )
+
+
+class UsageQuery(Schema):
+    metric = fields.String(required=True, validate=validate.Length(min=1, max=64))
+    period = fields.String(validate=PERIOD)
+
+
+# Responses (documentation only).
+
+
+class Error(Schema):
+    error = fields.String(required=True, metadata={"description": "stable error code"})
+    message = fields.String(required=True)
+    fields_ = fields.Dict(data_key="fields", metadata={"description": "per-field messages (422)"})
+
+
+class MetricLimit(Schema):
+    limit = fields.Integer(allow_none=True, metadata={"description": "null = unlimited"})
+    limit_source = fields.String(metadata={"enum": ["override", "free_fallback", "plan"]})
+    used = fields.Integer()
+    remaining = fields.Integer(allow_none=True)
+    period = fields.String()
+    resets_at = fields.String()
+
+
+class AdminMetricLimit(MetricLimit):
+    plan_limit = fields.Integer(allow_none=True)
+    override = fields.Dict(allow_none=True, metadata={"description": "{limit} or null when unset"})
+
+
+class Account(Schema):
+    id = fields.String()
+    kind = fields.String()
+    plan = fields.String()
+    subscription_status = fields.String()
+    limits = fields.Dict(keys=fields.String(), values=fields.Nested(MetricLimit))
+
+
+class AdminAccount(Account):
+    deleted = fields.Boolean()
+    stripe_customer_id = fields.String(allow_none=True)
+    limits = fields.Dict(keys=fields.String(), values=fields.Nested(AdminMetricLimit))
+
+
+class TakeResponse(Schema):
+    take_id = fields.Integer()
+    metric = fields.String()
+    units = fields.Integer()
+    used = fields.Integer()
+    limit = fields.Integer(allow_none=True)
+    remaining = fields.Integer(allow_none=True)
+    period = fields.String()
+    limit_source = fields.String()
+
+
+class ReleaseResponse(Schema):
+    released = fields.Boolean()
+    reason = fields.String(metadata={"enum": ["already_released", "period_closed"]})
+    take_id = fields.Integer()
+    metric = fields.String()
+    units = fields.Integer(metadata={"description": "units actually given back"})
+    used = fields.Integer()
+    limit = fields.Integer(allow_none=True)
+    remaining = fields.Integer(allow_none=True)
+    period = fields.String()
+    limit_source = fields.String()
+
+
+class UsageResponse(Schema):
+    metric = fields.String()
+    period = fields.String()
+    used = fields.Integer()

@@ -1,0 +1,149 @@
+"""Accounts and their stored plan limits: creation, plan/status changes, views."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import psycopg
+from psycopg.rows import class_row, dict_row
+
+from service.billing.plans import PlanConfig
+from service.db import Connection, Q, transaction
+from service.errors import AccountDeleted, CustomerAlreadyLinked, UnknownAccount
+from service.quota import periods
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricView:
+    """One metric of an account: its effective limit (None = unlimited), which rule set it, usage."""
+
+    metric: str
+    limit: int | None
+    limit_source: str
+    used: int
+    period: str
+    plan_limit: int | None
+    override_set: bool
+    override_limit: int | None
+
+    @property
+    def remaining(self) -> int | None:
+        return None if self.limit is None else max(self.limit - self.used, 0)
+
+    @property
+    def resets_at(self) -> str:
+        return periods.resets_at(self.period)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AccountView:
+    id: str
+    kind: str
+    plan: str
+    subscription_status: str
+    stripe_customer_id: str | None
+    deleted: bool
+    limits: list[MetricView] = field(default_factory=list)
+
+
+def _limit_params(plans: PlanConfig, plan: str) -> dict[str, object]:
+    metrics = list(plans.metrics)
+    return {
+        "metrics": metrics,
+        "plan_limits": [plans.limit(plan, m) for m in metrics],
+        "free_limits": [plans.limit(plans.free_plan, m) for m in metrics],
+    }
+
+
+def ensure_quotas(conn: Connection, plans: PlanConfig, *, account_id: str, period: str | None = None) -> None:
+    """Create the counter rows that `account_id` lacks, with its plan's limits."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        acct = cur.execute(Q.account_get, {"account_id": account_id}).fetchone()
+    if acct is None:
+        raise UnknownAccount(f"unknown account {account_id!r}")
+    conn.execute(
+        Q.ensure_quotas,
+        {
+            "account_id": account_id,
+            "period": period or periods.current_period(),
+            "lapsed": plans.is_lapsed(acct["plan"], acct["subscription_status"]),
+            **_limit_params(plans, acct["plan"]),
+        },
+    )
+
+
+def upsert_account(
+    conn: Connection, plans: PlanConfig, *, account_id: str, kind: str, stripe_customer_id: str | None = None
+) -> bool:
+    """Create the account on the free plan, or update its kind and customer link. True if created.
+    A deleted account raises AccountDeleted; a customer linked elsewhere CustomerAlreadyLinked."""
+    try:
+        with transaction(conn):
+            row = conn.execute(
+                Q.account_upsert,
+                {
+                    "account_id": account_id,
+                    "kind": kind,
+                    "plan": plans.free_plan,
+                    "stripe_customer_id": stripe_customer_id,
+                },
+            ).fetchone()
+            if row is None:
+                raise AccountDeleted(f"account {account_id!r} was deleted")
+            ensure_quotas(conn, plans, account_id=account_id)
+    except psycopg.errors.UniqueViolation:
+        raise CustomerAlreadyLinked(
+            f"Stripe customer {stripe_customer_id!r} is already linked to another account"
+        ) from None
+    return bool(row[0])
+
+
+def get_account(
+    conn: Connection, plans: PlanConfig, *, account_id: str, period: str | None = None
+) -> AccountView:
+    """The account with one MetricView per metric of the plan config."""
+    period = period or periods.current_period()
+    with conn.cursor(row_factory=dict_row) as cur:
+        acct = cur.execute(Q.account_get, {"account_id": account_id}).fetchone()
+    if acct is None:
+        raise UnknownAccount(f"unknown account {account_id!r}")
+    params = {"account_id": account_id, "period": period, "metrics": list(plans.metrics)}
+    with conn.cursor(row_factory=class_row(MetricView)) as cur:
+        limits = cur.execute(Q.account_quotas, params).fetchall()
+    if len(limits) < len(plans.metrics):  # a metric added to the config since the account was made
+        ensure_quotas(conn, plans, account_id=account_id, period=period)
+        with conn.cursor(row_factory=class_row(MetricView)) as cur:
+            limits = cur.execute(Q.account_quotas, params).fetchall()
+    return AccountView(**acct, limits=limits)
+
+
+def apply_plan(
+    conn: Connection, plans: PlanConfig, *, account_id: str, plan: str, status: str, actor: str
+) -> None:
+    """Set the account's plan tier and subscription status and bring its stored plan limits in line
+    (audit rows for changed limits). Never touches usage, the ledger or overrides. Runs inside the
+    caller's transaction if there is one."""
+    with transaction(conn):
+        found = conn.execute(
+            Q.set_plan_status, {"account_id": account_id, "plan": plan, "status": status}
+        ).fetchone()
+        if found is None:
+            raise UnknownAccount(f"unknown account {account_id!r}")
+        sync_limits(conn, plans, account_id=account_id, plan=plan, status=status, actor=actor)
+
+
+def sync_limits(
+    conn: Connection, plans: PlanConfig, *, account_id: str, plan: str, status: str, actor: str
+) -> int:
+    """Update the account's stored plan limits to what `plans` says for `plan`; returns the number
+    of limit changes (each has an audit row). Override columns are never written."""
+    cur = conn.execute(
+        Q.sync_quota_limits,
+        {
+            "account_id": account_id,
+            "lapsed": plans.is_lapsed(plan, status),
+            "actor": actor,
+            **_limit_params(plans, plan),
+        },
+    )
+    return cur.rowcount

@@ -1,0 +1,201 @@
+-- Quota queries. Parameters are named (%(x)s). Every statement here is keyed by account_id.
+
+-- name: take
+-- The hot path, one statement: the conditional UPDATE re-checks `used + units <= lim` on the latest
+-- row version under READ COMMITTED, so concurrent takes neither overshoot nor lose an update, and
+-- the ledger row is written by the same statement. A duplicate idempotency key makes the INSERT
+-- raise a unique violation, which aborts the whole statement, counter update included.
+WITH granted AS (
+    UPDATE quotas
+       SET used = used + %(units)s
+     WHERE account_id = %(account_id)s AND metric = %(metric)s AND period = %(period)s
+       AND NOT account_deleted
+       AND (lim IS NULL OR used + %(units)s <= lim)
+ RETURNING account_id, metric, period, used, lim, limit_source
+), entry AS (
+    INSERT INTO ledger (account_id, metric, period, kind, units, used_after, lim, limit_source,
+                        idempotency_key, actor)
+    SELECT account_id, metric, period, 'take', %(units)s, used, lim, limit_source,
+           %(idempotency_key)s, %(actor)s
+      FROM granted
+ RETURNING id, metric, period, units, used_after, lim, limit_source
+)
+SELECT id AS take_id, metric, units, used_after AS used, lim AS "limit", period, limit_source
+  FROM entry
+
+-- name: take_refusal
+-- Why did `take` match nothing? Read after the fact; the caller retries where the answer allows.
+SELECT a.deleted, q.period, q.used, q.lim AS "limit", q.limit_source
+  FROM accounts a
+  LEFT JOIN quotas q ON q.account_id = a.id AND q.metric = %(metric)s
+ WHERE a.id = %(account_id)s
+
+-- name: take_by_key
+SELECT id AS take_id, metric, units, used_after AS used, lim AS "limit", period, limit_source
+  FROM ledger
+ WHERE account_id = %(account_id)s AND kind = 'take' AND idempotency_key = %(idempotency_key)s
+
+-- name: roll_over
+-- Lazy rollover of one counter into `period`, and the ledger row that records what it cleared.
+-- FOR UPDATE reads the latest row version (and skips it if another statement rolled it over
+-- first), so `prior.used` is exactly what this statement clears. A counter that held nothing
+-- needs no reset row. The unique index on period-open keys makes a second opening impossible.
+WITH prior AS (
+    SELECT account_id, metric, used
+      FROM quotas
+     WHERE account_id = %(account_id)s AND metric = %(metric)s AND period < %(period)s
+       FOR UPDATE
+), opened AS (
+    UPDATE quotas q
+       SET used = 0, period = %(period)s
+      FROM prior
+     WHERE q.account_id = prior.account_id AND q.metric = prior.metric
+ RETURNING q.account_id, q.metric, prior.used AS cleared
+)
+INSERT INTO ledger (account_id, metric, period, kind, units, used_after, idempotency_key, actor)
+SELECT account_id, metric, %(period)s, 'reset', cleared, 0, 'period-open:' || %(period)s, %(actor)s
+  FROM opened
+ WHERE cleared > 0
+
+-- name: release
+-- Gives a take's units back, once, in the take's own period only, never below zero. The counter row
+-- is locked first so `held.used` is current; a concurrent second release of the same take fails on
+-- the unique index (one release per take), which aborts its whole statement.
+WITH taken AS (
+    SELECT t.account_id, t.metric, t.period, t.units, t.id
+      FROM ledger t
+     WHERE t.id = %(take_id)s AND t.kind = 'take' AND t.period = %(period)s
+       AND NOT EXISTS (SELECT 1 FROM ledger r
+                        WHERE r.account_id = t.account_id AND r.kind = 'release' AND r.take_id = t.id)
+), held AS (
+    SELECT q.account_id, q.metric, q.used, taken.units, taken.id AS take_id
+      FROM quotas q JOIN taken ON q.account_id = taken.account_id AND q.metric = taken.metric
+     WHERE q.period = taken.period
+       FOR UPDATE OF q
+), given AS (
+    UPDATE quotas q
+       SET used = q.used - least(held.units, held.used)
+      FROM held
+     WHERE q.account_id = held.account_id AND q.metric = held.metric
+ RETURNING q.account_id, q.metric, q.period, q.used, q.lim, q.limit_source,
+           least(held.units, held.used) AS units, held.take_id
+), entry AS (
+    INSERT INTO ledger (account_id, metric, period, kind, units, used_after, take_id, actor)
+    SELECT account_id, metric, period, 'release', units, used, take_id, %(actor)s FROM given
+ RETURNING id
+)
+SELECT true AS released, g.take_id, g.account_id, g.metric, g.units, g.used, g.lim AS "limit", g.period, g.limit_source,
+       (SELECT id FROM entry) AS release_id
+  FROM given g
+
+-- name: release_refusal
+SELECT t.account_id, t.period,
+       EXISTS (SELECT 1 FROM ledger r
+                WHERE r.account_id = t.account_id AND r.kind = 'release' AND r.take_id = t.id) AS released
+  FROM ledger t
+ WHERE t.id = %(take_id)s AND t.kind = 'take'
+
+-- name: account_upsert
+-- xmax = 0 only on a freshly inserted row: tells "created" from "existed" in one statement.
+INSERT INTO accounts (id, kind, plan, stripe_customer_id)
+VALUES (%(account_id)s, %(kind)s, %(plan)s, %(stripe_customer_id)s)
+ON CONFLICT (id) DO UPDATE
+   SET kind = EXCLUDED.kind,
+       stripe_customer_id = coalesce(EXCLUDED.stripe_customer_id, accounts.stripe_customer_id),
+       updated_at = now()
+ WHERE NOT accounts.deleted
+RETURNING (xmax = 0) AS created
+
+-- name: ensure_quotas
+-- Creates the counter rows an account lacks (new account, or a metric added to the plan config),
+-- with the limits of its plan. Existing rows are left alone.
+INSERT INTO quotas (account_id, metric, plan_limit, free_limit, lapsed, account_deleted, period)
+SELECT a.id, m.metric, m.plan_limit, m.free_limit, %(lapsed)s, a.deleted, %(period)s
+  FROM accounts a,
+       unnest(%(metrics)s::text[], %(plan_limits)s::bigint[], %(free_limits)s::bigint[])
+           AS m (metric, plan_limit, free_limit)
+ WHERE a.id = %(account_id)s
+ON CONFLICT (account_id, metric) DO NOTHING
+
+-- name: account_get
+SELECT id, kind, plan, subscription_status, stripe_customer_id, deleted
+  FROM accounts
+ WHERE id = %(account_id)s
+
+-- name: account_quotas
+-- A counter still holding an earlier period reads as 0: the new month has started for it.
+SELECT metric, lim AS "limit", limit_source,
+       CASE WHEN period < %(period)s THEN 0 ELSE used END AS used,
+       greatest(period, %(period)s) AS period,
+       plan_limit, override_set, override_limit
+  FROM quotas
+ WHERE account_id = %(account_id)s AND metric = ANY(%(metrics)s)
+ ORDER BY metric
+
+-- name: quota_for_update
+SELECT plan_limit, free_limit, override_set, override_limit, lapsed
+  FROM quotas
+ WHERE account_id = %(account_id)s AND metric = %(metric)s
+   FOR UPDATE
+
+-- name: set_override
+UPDATE quotas
+   SET override_set = %(override_set)s, override_limit = %(override_limit)s
+ WHERE account_id = %(account_id)s AND metric = %(metric)s
+
+-- name: audit
+INSERT INTO audit_log (actor, action, account_id, metric, old, new)
+VALUES (%(actor)s, %(action)s, %(account_id)s, %(metric)s, %(old)s, %(new)s)
+
+-- name: usage_open
+SELECT CASE WHEN period = %(period)s THEN used ELSE 0 END AS used, period
+  FROM quotas
+ WHERE account_id = %(account_id)s AND metric = %(metric)s
+
+-- name: usage_from_ledger
+-- A closed period's final `used`, recomputed from the ledger: takes minus releases after the
+-- period's latest reset row. The same formula the reconciliation checks counters against.
+WITH rows AS (
+    SELECT id, kind, units FROM ledger
+     WHERE account_id = %(account_id)s AND metric = %(metric)s AND period = %(period)s
+), last_reset AS (
+    SELECT coalesce(max(id), 0) AS id FROM rows WHERE kind = 'reset'
+)
+SELECT coalesce(sum(CASE kind WHEN 'take' THEN units WHEN 'release' THEN -units ELSE 0 END), 0)::bigint
+       AS used
+  FROM rows, last_reset
+ WHERE rows.id > last_reset.id
+
+-- name: sync_quota_limits
+-- Brings one account's stored plan limits (and lapsed flag) in line with its plan; touches only rows
+-- whose values differ and never the override columns. Each changed limit gets an audit row with the
+-- old and new values (read under FOR UPDATE so `old` is what this statement replaced).
+WITH target AS (
+    SELECT * FROM unnest(%(metrics)s::text[], %(plan_limits)s::bigint[], %(free_limits)s::bigint[])
+                  AS t (metric, plan_limit, free_limit)
+), old AS (
+    SELECT q.metric, q.plan_limit, q.free_limit
+      FROM quotas q JOIN target t ON q.metric = t.metric
+     WHERE q.account_id = %(account_id)s
+       AND (q.plan_limit IS DISTINCT FROM t.plan_limit OR q.free_limit IS DISTINCT FROM t.free_limit
+            OR q.lapsed <> %(lapsed)s)
+       FOR UPDATE OF q
+), changed AS (
+    UPDATE quotas q
+       SET plan_limit = t.plan_limit, free_limit = t.free_limit, lapsed = %(lapsed)s
+      FROM target t, old
+     WHERE q.account_id = %(account_id)s AND q.metric = t.metric AND old.metric = t.metric
+ RETURNING q.metric, q.plan_limit, q.free_limit
+)
+INSERT INTO audit_log (actor, action, account_id, metric, old, new)
+SELECT %(actor)s, 'plan_limit_changed', %(account_id)s, c.metric,
+       jsonb_build_object('plan_limit', o.plan_limit, 'free_limit', o.free_limit),
+       jsonb_build_object('plan_limit', c.plan_limit, 'free_limit', c.free_limit)
+  FROM changed c JOIN old o ON o.metric = c.metric
+ WHERE o.plan_limit IS DISTINCT FROM c.plan_limit OR o.free_limit IS DISTINCT FROM c.free_limit
+
+-- name: set_plan_status
+UPDATE accounts
+   SET plan = %(plan)s, subscription_status = %(status)s, updated_at = now()
+ WHERE id = %(account_id)s
+RETURNING id

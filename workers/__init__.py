@@ -1,0 +1,1 @@
+"""Celery app, beat schedule and thin tasks over service/ functions."""
