@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify
 
-from service.http import schemas
+from service.http import openapi, schemas
 from service.http.auth import actor, require
 from service.http.runtime import runtime
 from service.http.validation import account_id, json_body
 from service.http.views import account_json, metric_json
-from service.quota import accounts, overrides
+from service.quota import accounts, admin, overrides, periods
 
 bp = Blueprint("admin", __name__, url_prefix="/v1/admin")
 
@@ -52,3 +52,46 @@ def delete_override(id: str, metric: str) -> Response:
             conn, rt.plans, account_id=account_id(id), metric=metric, actor=actor()
         )
     return _metric_after(id, metric, previous)
+
+
+@bp.post("/accounts/<id>/reset")
+@require("admin")
+def post_reset(id: str) -> Response:
+    body = json_body(schemas.ResetRequest())
+    rt = runtime()
+    period = periods.current_period()
+    with rt.connection() as conn:
+        previous = admin.reset_counter(
+            conn, rt.plans, account_id=account_id(id), metric=body["metric"], actor=actor(), period=period
+        )
+    return jsonify(
+        {"account_id": id, "metric": body["metric"], "period": period, "previous": previous, "used": 0}
+    )
+
+
+@bp.delete("/accounts/<id>")
+@require("admin")
+def delete_account(id: str) -> Response:
+    with runtime().connection() as conn:
+        admin.soft_delete(conn, account_id=account_id(id), actor=actor())
+    return jsonify({"id": id, "deleted": True})
+
+
+E = schemas.Error
+ERR = {400: E, 401: E, 403: E, 404: E, 422: E}
+openapi.register(
+    "post",
+    "/v1/admin/accounts/{id}/reset",
+    "Reset a counter to 0 (one ledger row)",
+    "admin",
+    schemas.ResetRequest,
+    {200: schemas.ResetResponse, 410: E, **ERR},
+)
+openapi.register(
+    "delete",
+    "/v1/admin/accounts/{id}",
+    "Soft-delete an account",
+    "admin",
+    None,
+    {200: schemas.DeleteResponse, **ERR},
+)

@@ -7,6 +7,7 @@ every /v1 route of the app is documented.
 from __future__ import annotations
 
 from functools import cache
+from collections.abc import Mapping
 from typing import Any
 
 from apispec import APISpec
@@ -78,10 +79,10 @@ def register(
     summary: str,
     role: str,
     request: type[Schema] | None,
-    responses: dict[int, type[Schema]],
+    responses: Mapping[int, type[Schema]],
 ) -> None:
     """Add an operation (used by blueprints outside this module, e.g. finance and admin events)."""
-    OPERATIONS[(method, path)] = (summary, role, request, responses)
+    OPERATIONS[(method, path)] = (summary, role, request, dict(responses))
 
 
 def _operation(

@@ -113,3 +113,89 @@ class UsageResponse(Schema):
     metric = fields.String()
     period = fields.String()
     used = fields.Integer()
+
+
+class PageQuery(Schema):
+    cursor = fields.String(validate=validate.Regexp(r"^[0-9]{1,18}$", error="a cursor from next_cursor"))
+    limit = fields.Integer(load_default=100, validate=validate.Range(min=1, max=1000))
+
+
+class LedgerQuery(PageQuery):
+    account_id = fields.String(validate=ACCOUNT_ID)
+    metric = fields.String(validate=validate.Length(min=1, max=64))
+    period = fields.String(validate=PERIOD)
+    kind = fields.String(validate=validate.OneOf(["take", "release", "reset"]))
+
+
+class AuditQuery(PageQuery):
+    account_id = fields.String(validate=ACCOUNT_ID)
+
+
+class PeriodQuery(Schema):
+    period = fields.String(required=True, validate=PERIOD)
+
+
+class ResetRequest(Schema):
+    metric = fields.String(required=True, validate=validate.Length(min=1, max=64))
+
+
+class LedgerEntry(Schema):
+    id = fields.Integer()
+    at = fields.String()
+    account_id = fields.String()
+    metric = fields.String()
+    period = fields.String()
+    kind = fields.String(metadata={"enum": ["take", "release", "reset"]})
+    units = fields.Integer()
+    used_after = fields.Integer()
+    take_id = fields.Integer(allow_none=True)
+    idempotency_key = fields.String(allow_none=True)
+    actor = fields.String()
+
+
+class LedgerPage(Schema):
+    items = fields.List(fields.Nested(LedgerEntry))
+    next_cursor = fields.String(allow_none=True)
+
+
+class AuditEntry(Schema):
+    id = fields.Integer()
+    at = fields.String()
+    actor = fields.String()
+    action = fields.String()
+    account_id = fields.String(allow_none=True)
+    metric = fields.String(allow_none=True)
+    old = fields.Raw(allow_none=True)
+    new = fields.Raw(allow_none=True)
+
+
+class AuditPage(Schema):
+    items = fields.List(fields.Nested(AuditEntry))
+    next_cursor = fields.String(allow_none=True)
+
+
+class MismatchSchema(Schema):
+    account_id = fields.String()
+    metric = fields.String()
+    counter_used = fields.Integer(allow_none=True)
+    ledger_used = fields.Integer()
+    last_used_after = fields.Integer(allow_none=True)
+
+
+class ReconciliationResponse(Schema):
+    period = fields.String()
+    checked = fields.Integer()
+    mismatches = fields.List(fields.Nested(MismatchSchema))
+
+
+class ResetResponse(Schema):
+    account_id = fields.String()
+    metric = fields.String()
+    period = fields.String()
+    previous = fields.Integer()
+    used = fields.Integer()
+
+
+class DeleteResponse(Schema):
+    id = fields.String()
+    deleted = fields.Boolean()

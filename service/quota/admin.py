@@ -1,0 +1,59 @@
+"""Admin-only operations on an account: manual reset of a counter and soft delete."""
+
+from __future__ import annotations
+
+from psycopg.types.json import Jsonb
+
+from service.billing.plans import PlanConfig
+from service.db import Connection, Q, transaction
+from service.errors import AccountDeleted, UnknownAccount, UnknownMetric
+from service.quota import periods
+from service.quota.accounts import ensure_quotas
+from service.quota.takes import ROLLOVER_ACTOR
+
+
+def reset_counter(
+    conn: Connection,
+    plans: PlanConfig,
+    *,
+    account_id: str,
+    metric: str,
+    actor: str,
+    period: str | None = None,
+) -> int:
+    """Set the counter of the open period to 0 with one reset ledger row naming `actor`;
+    returns the value cleared. A deleted account raises AccountDeleted."""
+    if metric not in plans.metrics:
+        raise UnknownMetric(f"unknown metric {metric!r}; known: {', '.join(plans.metrics)}")
+    period = period or periods.current_period()
+    params = {"account_id": account_id, "metric": metric, "period": period, "actor": actor}
+    acct = conn.execute(Q.account_get, params).fetchone()
+    if acct is None:
+        raise UnknownAccount(f"unknown account {account_id!r}")
+    if acct[5]:
+        raise AccountDeleted(f"account {account_id!r} was deleted")
+    ensure_quotas(conn, plans, account_id=account_id, period=period)
+    # A counter still in an earlier month is first opened into this one, as a take would.
+    conn.execute(Q.roll_over, {**params, "actor": ROLLOVER_ACTOR})
+    row = conn.execute(Q.admin_reset, params).fetchone()
+    return int(row[1]) if row else 0  # type: ignore[call-overload]
+
+
+def soft_delete(conn: Connection, *, account_id: str, actor: str) -> None:
+    """Mark the account deleted: takes are refused (410) and resets skip it. Its ledger stays."""
+    params = {"account_id": account_id}
+    with transaction(conn):
+        if conn.execute(Q.soft_delete_account, params).fetchone() is None:
+            raise UnknownAccount(f"unknown account {account_id!r}")
+        conn.execute(Q.soft_delete_quotas, params)
+        conn.execute(
+            Q.audit,
+            {
+                "actor": actor,
+                "action": "account_deleted",
+                "account_id": account_id,
+                "metric": None,
+                "old": Jsonb({"deleted": False}),
+                "new": Jsonb({"deleted": True}),
+            },
+        )

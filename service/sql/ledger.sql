@@ -1,0 +1,78 @@
+-- Finance reads of the ledger and audit log, and admin-only writes (manual reset, soft delete).
+
+-- name: ledger_page
+-- Newest-last page after a cursor (the last id seen). Filters are optional.
+SELECT id, at, account_id, metric, period, kind, units, used_after, take_id, idempotency_key, actor
+  FROM ledger
+ WHERE id > %(after)s
+   AND (%(account_id)s::text IS NULL OR account_id = %(account_id)s)
+   AND (%(metric)s::text IS NULL OR metric = %(metric)s)
+   AND (%(period)s::text IS NULL OR period = %(period)s)
+   AND (%(kind)s::text IS NULL OR kind = %(kind)s)
+ ORDER BY id
+ LIMIT %(limit)s
+
+-- name: ledger_period_rows
+SELECT id, at, account_id, metric, period, kind, units, used_after, take_id, idempotency_key, actor
+  FROM ledger
+ WHERE period = %(period)s
+ ORDER BY id
+
+-- name: reconciliation
+-- Counter vs ledger for one period. For each counter: used must equal Σtake − Σrelease over the
+-- period's rows after its latest reset row, and the last row's used_after must equal that sum too
+-- (the chain of used_after values is unbroken). Counters that moved on to a later period are
+-- checked through their rows; counters still in the period also against their `used`.
+WITH rows AS (
+    SELECT account_id, metric, id, kind, units, used_after FROM ledger WHERE period = %(period)s
+), last_reset AS (
+    SELECT account_id, metric, max(id) AS id FROM rows WHERE kind = 'reset' GROUP BY account_id, metric
+), sums AS (
+    SELECT r.account_id, r.metric,
+           coalesce(sum(CASE r.kind WHEN 'take' THEN r.units WHEN 'release' THEN -r.units ELSE 0 END)
+                        FILTER (WHERE r.id > coalesce(lr.id, 0)), 0)::bigint AS ledger_used,
+           (array_agg(r.used_after ORDER BY r.id DESC))[1] AS last_used_after
+      FROM rows r LEFT JOIN last_reset lr USING (account_id, metric)
+     GROUP BY r.account_id, r.metric
+), counters AS (
+    SELECT account_id, metric, used FROM quotas WHERE period = %(period)s
+)
+SELECT account_id, metric, c.used AS counter_used, coalesce(s.ledger_used, 0) AS ledger_used,
+       s.last_used_after
+  FROM counters c FULL JOIN sums s USING (account_id, metric)
+ ORDER BY account_id, metric
+
+-- name: audit_page
+SELECT id, at, actor, action, nullif(account_id, '') AS account_id, metric, old, new
+  FROM audit_log
+ WHERE id > %(after)s
+   AND (%(account_id)s::text IS NULL OR account_id = %(account_id)s)
+ ORDER BY id
+ LIMIT %(limit)s
+
+-- name: admin_reset
+-- Clears the counter of the open period; the ledger row names the admin key and the value cleared.
+-- Locked first so `prior.used` is exactly what is cleared.
+WITH prior AS (
+    SELECT account_id, metric, used
+      FROM quotas
+     WHERE account_id = %(account_id)s AND metric = %(metric)s AND period = %(period)s
+       FOR UPDATE
+), cleared AS (
+    UPDATE quotas q
+       SET used = 0
+      FROM prior
+     WHERE q.account_id = prior.account_id AND q.metric = prior.metric
+ RETURNING q.account_id, q.metric, prior.used AS previous
+)
+INSERT INTO ledger (account_id, metric, period, kind, units, used_after, actor)
+SELECT account_id, metric, %(period)s, 'reset', previous, 0, %(actor)s FROM cleared
+RETURNING id, units AS previous
+
+-- name: soft_delete_account
+UPDATE accounts SET deleted = true, updated_at = now()
+ WHERE id = %(account_id)s
+RETURNING id
+
+-- name: soft_delete_quotas
+UPDATE quotas SET account_deleted = true WHERE account_id = %(account_id)s
