@@ -1,0 +1,226 @@
+"""In-process take() benchmark against the pgbench baseline, in the same run, on the same Postgres.
+
+    bench/run take [--reps 5] [--seconds 10]            (or: python bench/take_bench.py ...)
+
+Sets up two scratch databases on the server named by --pg (default: $DATABASE_URL): `bench_ql` (our
+migrations, 100,000 accounts, bench/plans.toml) and `bench_bl` (baseline/schema.sql). Then, for each
+repetition, alternating which goes first: `pgbench -n -c 8 -j 2 -T S -f baseline/take_spread.sql` on
+bench_bl and `service.quota.takes.take()` from 8 threads (one connection each) on bench_ql. The same
+again with every take on one account (take_hot.sql). Prints every run, then medians and the median of
+the per-repetition ratios (ours / baseline). Absolute figures move with the machine's load; the
+ratio is the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+BASELINE = HERE / "baseline"
+PLANS_FILE = HERE / "plans.toml"
+ACCOUNTS = 100_000
+METRIC = "urls"
+sys.path.insert(0, str(ROOT))
+
+import psycopg  # noqa: E402
+
+from service.billing.plans import load_plans  # noqa: E402
+from service.keys import create_key  # noqa: E402
+from service.migrate import migrate  # noqa: E402
+from service.quota import periods  # noqa: E402
+from service.quota.takes import take  # noqa: E402
+
+
+def account_name(i: int) -> str:
+    return f"acct-{i}"
+
+
+def with_database(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + name))
+
+
+def recreate_database(pg: str, name: str) -> str:
+    with psycopg.connect(pg, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return with_database(pg, name)
+
+
+def setup(pg: str, *, ql: str = "bench_ql", bl: str = "bench_bl") -> tuple[str, str]:
+    """Fresh scratch databases, seeded with 100,000 accounts each. Returns (ours, baseline) URLs."""
+    ql_url = recreate_database(pg, ql)
+    migrate(ql_url)
+    plans = load_plans(PLANS_FILE)
+    plan = plans.free_plan
+    metrics = list(plans.metrics)
+    with psycopg.connect(ql_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO accounts (id, kind, plan) SELECT 'acct-' || g, 'user', %s"
+            " FROM generate_series(1, %s) g",
+            (plan, ACCOUNTS),
+        )
+        # One counter row per (account, metric), in the current period: no take needs a rollover.
+        conn.execute(
+            "INSERT INTO quotas (account_id, metric, plan_limit, free_limit, period)"
+            " SELECT 'acct-' || g, m.metric, m.lim, m.lim, %s"
+            "   FROM generate_series(1, %s) g, unnest(%s::text[], %s::bigint[]) AS m (metric, lim)",
+            (periods.current_period(), ACCOUNTS, metrics, [plans.limit(plan, m) for m in metrics]),
+        )
+        conn.execute("VACUUM ANALYZE accounts")
+        conn.execute("VACUUM ANALYZE quotas")
+    bl_url = recreate_database(pg, bl)
+    subprocess.run(
+        ["psql", "-q", "-v", "ON_ERROR_STOP=1", "-f", str(BASELINE / "schema.sql"), bl_url],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        env={**os.environ, "PGOPTIONS": "-c client_min_messages=warning"},
+    )
+    with psycopg.connect(bl_url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE bl_usage")
+    return ql_url, bl_url
+
+
+def product_key(ql_url: str, name: str = "bench") -> str:
+    with psycopg.connect(ql_url, autocommit=True) as conn:
+        conn.execute("UPDATE api_keys SET revoked_at = now() WHERE name = %s AND revoked_at IS NULL", (name,))
+        return create_key(conn, name=name, role="product")
+
+
+# --- the in-process side ------------------------------------------------------------------------
+
+
+def _take_worker(url: str, threads: int, seconds: float, start_at: float, hot: bool, out: mp.Queue) -> None:
+    """`threads` threads, one connection each, taking until start_at + seconds; puts the count."""
+    plans = load_plans(PLANS_FILE)
+    counts = [0] * threads
+    errors: list[BaseException] = []
+    ready = threading.Barrier(threads)
+
+    def run(i: int) -> None:
+        rnd = random.Random(os.getpid() * 1000 + i)
+        try:
+            with psycopg.connect(url, autocommit=True, application_name="bench-take") as conn:
+                ready.wait()
+                while time.time() < start_at:
+                    time.sleep(0.001)
+                end = start_at + seconds
+                n = 0
+                while time.time() < end:
+                    aid = 1 if hot else rnd.randint(1, ACCOUNTS)
+                    take(conn, plans, account_id=account_name(aid), metric=METRIC, actor="bench")
+                    n += 1
+                counts[i] = n
+        except BaseException as e:  # surface it in the parent instead of a silent low count
+            errors.append(e)
+
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    out.put(repr(errors[0]) if errors else sum(counts))
+
+
+def run_takes(url: str, *, threads: int, procs: int, seconds: float, hot: bool) -> float:
+    """Takes per second from `threads` threads spread over `procs` processes."""
+    ctx = mp.get_context("spawn")
+    out: mp.Queue = ctx.Queue()
+    start_at = time.time() + 1.5 + 0.5 * procs  # everyone connected before the clock starts
+    per = [threads // procs + (1 if i < threads % procs else 0) for i in range(procs)]
+    ps = [ctx.Process(target=_take_worker, args=(url, n, seconds, start_at, hot, out)) for n in per]
+    for p in ps:
+        p.start()
+    results = [out.get() for _ in ps]
+    for p in ps:
+        p.join()
+    bad = [r for r in results if isinstance(r, str)]
+    if bad:
+        raise RuntimeError(f"take worker failed: {bad[0]}")
+    return sum(results) / seconds
+
+
+def run_pgbench(url: str, script: str, *, clients: int, seconds: float) -> float:
+    cmd = ["pgbench", "-n", "-c", str(clients), "-j", "2", "-T", str(int(seconds)), "-f", script, url]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    m = re.search(r"tps = ([0-9.]+)", out)
+    if not m:
+        raise RuntimeError(f"no tps in pgbench output:\n{out}")
+    return float(m.group(1))
+
+
+def compare(label: str, pairs: list[tuple[float, float]]) -> str:
+    ratios = [o / b for b, o in pairs]
+    bl = [b for b, _ in pairs]
+    oo = [o for _, o in pairs]
+    return (
+        f"{label}: ratio median {statistics.median(ratios):.2f} "
+        f"(runs {', '.join(f'{r:.2f}' for r in ratios)}); "
+        f"ours median {statistics.median(oo):,.0f}/s, baseline median {statistics.median(bl):,.0f}/s"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pg", default=os.environ.get("DATABASE_URL"), help="Postgres server URL")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--seconds", type=float, default=10)
+    ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument(
+        "--procs", type=int, nargs="+", default=[1, 2], help="process counts to run the threads in"
+    )
+    ap.add_argument("--no-hot", action="store_true", help="skip the hot-row variant")
+    ap.add_argument("--no-setup", action="store_true", help="reuse bench_ql / bench_bl as they are")
+    args = ap.parse_args(argv)
+    if not args.pg:
+        ap.error("give --pg URL or set DATABASE_URL")
+    if args.no_setup:
+        ql, bl = with_database(args.pg, "bench_ql"), with_database(args.pg, "bench_bl")
+    else:
+        print("setting up bench_ql and bench_bl ...", flush=True)
+        ql, bl = setup(args.pg)
+    variants = [("spread", False, "take_spread.sql")]
+    if not args.no_hot:
+        variants.append(("hot", True, "take_hot.sql"))
+    summary = []
+    for name, hot, script in variants:
+        for procs in args.procs:
+            pairs: list[tuple[float, float]] = []
+            for rep in range(args.reps):
+                sides = ["baseline", "ours"] if rep % 2 == 0 else ["ours", "baseline"]
+                got: dict[str, float] = {}
+                for side in sides:
+                    if side == "baseline":
+                        got[side] = run_pgbench(
+                            bl, str(BASELINE / script), clients=args.threads, seconds=args.seconds
+                        )
+                    else:
+                        got[side] = run_takes(
+                            ql, threads=args.threads, procs=procs, seconds=args.seconds, hot=hot
+                        )
+                pairs.append((got["baseline"], got["ours"]))
+                print(
+                    f"{name} {args.threads} threads / {procs} proc rep {rep + 1}: "
+                    f"pgbench {got['baseline']:,.0f} tps, take() {got['ours']:,.0f}/s, "
+                    f"ratio {got['ours'] / got['baseline']:.2f}",
+                    flush=True,
+                )
+            summary.append(compare(f"{name}, {args.threads} threads in {procs} process(es)", pairs))
+    print("\n" + "\n".join(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
