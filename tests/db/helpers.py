@@ -1,0 +1,87 @@
+"""Small helpers for database tests: make accounts, read counters and the ledger, check the
+counter = ledger invariant. Plain SQL against the real database, never through the code under test."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from service.billing.plans import PlanConfig
+from service.quota import accounts
+
+Conn = psycopg.Connection[Any]
+
+
+def new_account(conn: Conn, plans: PlanConfig, account_id: str | None = None, *, kind: str = "user") -> str:
+    """Create an account on the free plan (with its counter rows); returns its id."""
+    account_id = account_id or f"acc-{uuid.uuid4().hex[:12]}"
+    assert accounts.upsert_account(conn, plans, account_id=account_id, kind=kind) is True
+    return account_id
+
+
+def set_override(conn: Conn, account_id: str, metric: str, limit: int | None) -> None:
+    """Set the counter's limit directly (test set-up, not the admin API under test)."""
+    cur = conn.execute(
+        "UPDATE quotas SET override_set = true, override_limit = %s WHERE account_id = %s AND metric = %s",
+        (limit, account_id, metric),
+    )
+    assert cur.rowcount == 1
+
+
+def soft_delete(conn: Conn, account_id: str) -> None:
+    """What the admin soft delete does: both flags (the quota copy is what takes read)."""
+    conn.execute("UPDATE accounts SET deleted = true WHERE id = %s", (account_id,))
+    conn.execute("UPDATE quotas SET account_deleted = true WHERE account_id = %s", (account_id,))
+
+
+def counter(conn: Conn, account_id: str, metric: str) -> dict[str, Any]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(
+            "SELECT period, used, lim, limit_source FROM quotas WHERE account_id = %s AND metric = %s",
+            (account_id, metric),
+        ).fetchone()
+    assert row is not None, f"no counter for {account_id}/{metric}"
+    return row
+
+
+def ledger_rows(
+    conn: Conn, account_id: str, metric: str | None = None, kind: str | None = None
+) -> list[dict[str, Any]]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            """SELECT * FROM ledger
+                WHERE account_id = %s AND (%s::text IS NULL OR metric = %s)
+                  AND (%s::text IS NULL OR kind = %s)
+                ORDER BY id""",
+            (account_id, metric, metric, kind, kind),
+        ).fetchall()
+
+
+def ledger_used(conn: Conn, account_id: str, metric: str, period: str) -> int:
+    """DESIGN's formula: sum(take) - sum(release) over the period's rows after its latest reset row."""
+    rows = [r for r in ledger_rows(conn, account_id, metric) if r["period"] == period]
+    resets = [r["id"] for r in rows if r["kind"] == "reset"]
+    after = max(resets, default=0)
+    total = 0
+    for r in rows:
+        if r["id"] > after:
+            total += {"take": r["units"], "release": -r["units"], "reset": 0}[r["kind"]]
+    return total
+
+
+def assert_counter_matches_ledger(conn: Conn, account_id: str, metric: str) -> dict[str, Any]:
+    c = counter(conn, account_id, metric)
+    assert c["used"] >= 0
+    assert c["used"] == ledger_used(conn, account_id, metric, c["period"]), (c, ledger_rows(conn, account_id))
+    return c
+
+
+def set_period(conn: Conn, account_id: str, metric: str, period: str) -> None:
+    """Move a counter into an earlier period, as if the month had turned since it was last used."""
+    cur = conn.execute(
+        "UPDATE quotas SET period = %s WHERE account_id = %s AND metric = %s", (period, account_id, metric)
+    )
+    assert cur.rowcount == 1
