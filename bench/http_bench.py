@@ -1,0 +1,186 @@
+"""HTTP take benchmark: `POST /v1/accounts/{id}/takes` under `quota-ledger serve --workers 4` (auth,
+validation, ledger and metrics all on) against baseline/app.py under gunicorn with the same worker
+count, in the same run, on the same Postgres, with the same wrk settings and the same requests.
+
+    bench/run http [--reps 5] [--wrk "-t2 -c32 -d10s"]   (or: python bench/http_bench.py ...)
+
+Two phases: `spread` (a random account among 100,000 per request; baseline app.py `/take`) and `hot`
+(every request on one account; baseline app_hot.py `/take_hot`, which runs take_hot.sql). Each
+repetition runs both servers' wrk runs back to back, alternating which goes first. Prints every run,
+then medians of throughput, p50 and p99, and the median of the per-repetition throughput ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from take_bench import (  # noqa: E402
+    ACCOUNTS,
+    BASELINE,
+    PLANS_FILE,
+    ROOT,
+    product_key,
+    setup,
+    with_database,
+)
+
+LUA = HERE / "http_take.lua"
+
+
+@dataclass(frozen=True)
+class WrkResult:
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    non_2xx: int
+    errors: str
+
+    def __str__(self) -> str:
+        bad = f", non-2xx {self.non_2xx}" if self.non_2xx else ""
+        return f"{self.rps:,.0f} req/s, p50 {self.p50_ms:.1f} ms, p99 {self.p99_ms:.1f} ms{bad}{self.errors}"
+
+
+def _ms(value: str) -> float:
+    m = re.fullmatch(r"([0-9.]+)(us|ms|s|m)", value)
+    if not m:
+        raise ValueError(value)
+    scale = {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}[m.group(2)]
+    return float(m.group(1)) * scale
+
+
+def run_wrk(url: str, wrk_args: list[str], template: str, accounts: int, key: str) -> WrkResult:
+    cmd = ["wrk", *wrk_args, "--latency", "-s", str(LUA), url, "--", template, str(accounts), key]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    rps = float(re.search(r"Requests/sec:\s+([0-9.]+)", out).group(1))  # type: ignore[union-attr]
+    p50 = _ms(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]
+    p99 = _ms(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]
+    non = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    err = re.search(r"Socket errors:.*", out)
+    return WrkResult(rps, p50, p99, int(non.group(1)) if non else 0, f", {err.group(0)}" if err else "")
+
+
+def wait_ready(url: str, path: str, key: str, timeout: float = 30) -> None:
+    deadline = time.time() + timeout
+    while True:
+        req = urllib.request.Request(
+            url + path,
+            data=b'{"metric": "urls"}',
+            method="POST",
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=2) as resp:
+                if resp.status in (200, 201):
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+            if time.time() > deadline:
+                raise RuntimeError(f"{url}{path} not ready: {e}") from None
+        time.sleep(0.3)
+
+
+@contextmanager
+def server(cmd: list[str], *, cwd: Path, env: dict[str, str], log: Path):
+    with open(log, "ab") as out:
+        p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield p
+    finally:
+        p.send_signal(signal.SIGTERM)  # gunicorn: graceful stop of the arbiter and its workers
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pg", default=os.environ.get("DATABASE_URL"), help="Postgres server URL")
+    ap.add_argument("--redis", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--wrk", default="-t2 -c32 -d10s", help="wrk settings, the same for both servers")
+    ap.add_argument("--port", type=int, default=8101, help="ours on PORT, the baseline on PORT+1")
+    ap.add_argument("--phases", nargs="+", default=["spread", "hot"], choices=["spread", "hot"])
+    ap.add_argument("--no-setup", action="store_true", help="reuse bench_ql / bench_bl as they are")
+    ap.add_argument("--log", default=str(HERE / "http_bench.log"), help="server output goes here")
+    args = ap.parse_args(argv)
+    if not args.pg:
+        ap.error("give --pg URL or set DATABASE_URL")
+    if args.no_setup:
+        ql, bl = with_database(args.pg, "bench_ql"), with_database(args.pg, "bench_bl")
+    else:
+        print("setting up bench_ql and bench_bl ...", flush=True)
+        ql, bl = setup(args.pg)
+    key = product_key(ql)
+    wrk_args = shlex.split(args.wrk)
+    log = Path(args.log)
+    ours_url = f"http://127.0.0.1:{args.port}"
+    base_url = f"http://127.0.0.1:{args.port + 1}"
+    py = sys.executable
+    ours_env = {**os.environ, "DATABASE_URL": ql, "REDIS_URL": args.redis, "PLANS_FILE": str(PLANS_FILE)}
+    ours_env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # serve makes its own
+    base_env = {**os.environ, "DATABASE_URL": bl}
+    ours_cmd = [py, "-m", "service.cli", "serve", "--bind", ours_url[7:], "--workers", str(args.workers)]
+    summary = []
+    for phase in args.phases:
+        hot = phase == "hot"
+        module = "app_hot:app" if hot else "app:app"
+        base_cmd = [py, "-m", "gunicorn", "-w", str(args.workers), "-b", base_url[7:], module]
+        ours_req = ("/v1/accounts/{id}/takes", 1 if hot else ACCOUNTS)
+        base_req = ("/take_hot" if hot else "/take", 1 if hot else ACCOUNTS)
+        with ExitStack() as stack:
+            stack.enter_context(server(ours_cmd, cwd=ROOT, env=ours_env, log=log))
+            stack.enter_context(server(base_cmd, cwd=BASELINE, env=base_env, log=log))
+            wait_ready(ours_url, "/v1/accounts/acct-1/takes", key)
+            wait_ready(base_url, base_req[0], key)
+            warm = [a for a in wrk_args if not a.startswith("-d")] + ["-d3s"]
+            run_wrk(ours_url, warm, *ours_req, key)  # every worker connected, queries prepared
+            run_wrk(base_url, warm, *base_req, key)
+            runs: list[tuple[WrkResult, WrkResult]] = []
+            for rep in range(args.reps):
+                sides = ["baseline", "ours"] if rep % 2 == 0 else ["ours", "baseline"]
+                got = {}
+                for side in sides:
+                    if side == "ours":
+                        got[side] = run_wrk(ours_url, wrk_args, *ours_req, key)
+                    else:
+                        got[side] = run_wrk(base_url, wrk_args, *base_req, key)
+                runs.append((got["baseline"], got["ours"]))
+                print(
+                    f"{phase} rep {rep + 1}: ours {got['ours']}; baseline {got['baseline']}; "
+                    f"ratio {got['ours'].rps / got['baseline'].rps:.2f}",
+                    flush=True,
+                )
+        med = statistics.median
+        ratios = [o.rps / b.rps for b, o in runs]
+        summary.append(
+            f"{phase} ({args.wrk}, {args.workers} workers, {args.reps} reps): throughput ratio median "
+            f"{med(ratios):.2f} (runs {', '.join(f'{r:.2f}' for r in ratios)})\n"
+            f"  ours:     {med(o.rps for _, o in runs):,.0f} req/s, p50 {med(o.p50_ms for _, o in runs):.1f} ms, "
+            f"p99 {med(o.p99_ms for _, o in runs):.1f} ms\n"
+            f"  baseline: {med(b.rps for b, _ in runs):,.0f} req/s, p50 {med(b.p50_ms for b, _ in runs):.1f} ms, "
+            f"p99 {med(b.p99_ms for b, _ in runs):.1f} ms"
+        )
+    print("\n" + "\n".join(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
