@@ -75,6 +75,14 @@ def run_wrk(url: str, wrk_args: list[str], template: str, accounts: int, key: st
     return WrkResult(rps, p50, p99, int(non.group(1)) if non else 0, f", {err.group(0)}" if err else "")
 
 
+def medians(results: list[WrkResult]) -> str:
+    med = statistics.median
+    return (
+        f"{med(r.rps for r in results):,.0f} req/s, p50 {med(r.p50_ms for r in results):.1f} ms, "
+        f"p99 {med(r.p99_ms for r in results):.1f} ms"
+    )
+
+
 def wait_ready(url: str, path: str, key: str, timeout: float = 30) -> None:
     deadline = time.time() + timeout
     while True:
@@ -168,15 +176,12 @@ def main(argv: list[str] | None = None) -> int:
                     f"ratio {got['ours'].rps / got['baseline'].rps:.2f}",
                     flush=True,
                 )
-        med = statistics.median
         ratios = [o.rps / b.rps for b, o in runs]
         summary.append(
             f"{phase} ({args.wrk}, {args.workers} workers, {args.reps} reps): throughput ratio median "
-            f"{med(ratios):.2f} (runs {', '.join(f'{r:.2f}' for r in ratios)})\n"
-            f"  ours:     {med(o.rps for _, o in runs):,.0f} req/s, p50 {med(o.p50_ms for _, o in runs):.1f} ms, "
-            f"p99 {med(o.p99_ms for _, o in runs):.1f} ms\n"
-            f"  baseline: {med(b.rps for b, _ in runs):,.0f} req/s, p50 {med(b.p50_ms for b, _ in runs):.1f} ms, "
-            f"p99 {med(b.p99_ms for b, _ in runs):.1f} ms"
+            f"{statistics.median(ratios):.2f} (runs {', '.join(f'{r:.2f}' for r in ratios)})\n"
+            f"  ours:     {medians([o for _, o in runs])}\n"
+            f"  baseline: {medians([b for b, _ in runs])}"
         )
     print("\n" + "\n".join(summary))
     return 0
