@@ -200,8 +200,83 @@ Try:
 
 
 def _dev_extra_processes(env: dict[str, str]) -> list[subprocess.Popen[bytes]]:
-    """Worker and beat, when the workers package provides them."""
-    return []
+    """An embedded Celery worker (one process) and beat, on the same database and Redis."""
+    cli = [sys.executable, "-m", "service.cli"]
+    schedule = str((DEV_DIR / "celerybeat-schedule").resolve())
+    return [
+        subprocess.Popen([*cli, "worker", "--concurrency", "1", "--pool", "solo"], env=env),
+        subprocess.Popen([*cli, "beat", "--schedule", schedule], env=env),
+    ]
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """The Celery worker: runs the monthly reset, the hourly catch-up and the plan sync."""
+    _settings()  # tasks need DATABASE_URL: refuse to start without it
+    from workers.app import app
+
+    argv = ["worker", "--loglevel", args.loglevel, "--queues", str(app.conf.task_default_queue)]
+    argv += ["--hostname", args.hostname, "--without-mingle", "--without-gossip"]
+    argv += ["--pool", args.pool] + (["--concurrency", str(args.concurrency)] if args.concurrency else [])
+    app.worker_main(argv)
+    return 0
+
+
+def cmd_beat(args: argparse.Namespace) -> int:
+    """The Celery beat scheduler. Run exactly one: two beats send every task twice (harmless for
+    these idempotent tasks, but wasted work)."""
+    from workers.app import app
+
+    app.start(["beat", "--loglevel", args.loglevel, "--schedule", args.schedule])
+    return 0
+
+
+def _log_to_stderr(verbose: bool) -> None:
+    import logging
+
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def cmd_reset_month(args: argparse.Namespace) -> int:
+    """The monthly reset, the same code as the Celery task. Exit 0 when it did the work, found it
+    done, or found the lock busy (another runner is on it); the output says which."""
+    from service.quota.reset import reset_month
+
+    _log_to_stderr(args.verbose)
+    with _connect(_settings()) as conn:
+        try:
+            outcome = reset_month(conn, period=args.period, batch_size=args.batch_size, pause=args.pause)
+        except ValueError as e:
+            print(f"quota-ledger reset-month: {e}", file=sys.stderr)
+            return 2
+    print(outcome.message)
+    return 0
+
+
+def cmd_sync_plans(args: argparse.Namespace) -> int:
+    """Plan sync, the same code as the Celery task; --dry-run prints the diff and writes nothing."""
+    from service.billing.plans import load_plans
+    from service.errors import PlanConfigError
+    from service.quota.plan_sync import LimitChange, sync_plans
+
+    _log_to_stderr(args.verbose)
+    settings = _settings()
+    try:
+        plans = load_plans(settings.plans_file)
+    except PlanConfigError as e:
+        print(f"quota-ledger sync-plans: refused, nothing changed: {e}", file=sys.stderr)
+        return 2
+
+    def show(change: LimitChange) -> None:
+        print(change.describe(), flush=True)
+
+    with _connect(settings) as conn:
+        outcome = sync_plans(conn, plans, dry_run=args.dry_run, batch_size=args.batch_size, on_change=show)
+    print(outcome.message)
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -231,6 +306,38 @@ def build_parser() -> argparse.ArgumentParser:
     dev = sub.add_parser("dev", help="run everything locally, with embedded Postgres/Redis if needed")
     dev.add_argument("--bind", default="127.0.0.1:8000", metavar="HOST:PORT")
     dev.set_defaults(func=cmd_dev)
+
+    worker = sub.add_parser("worker", help="run a Celery worker (reset, catch-up, plan sync)")
+    worker.add_argument("--concurrency", type=int, default=0, help="processes (default: one per CPU)")
+    worker.add_argument("--pool", default="prefork", choices=["prefork", "solo", "threads"])
+    worker.add_argument("--hostname", default="quota-ledger@%h", help="Celery node name")
+    worker.add_argument("--loglevel", default="INFO")
+    worker.set_defaults(func=cmd_worker)
+
+    beat = sub.add_parser("beat", help="run the Celery beat scheduler (exactly one per deployment)")
+    beat.add_argument("--schedule", default="celerybeat-schedule", metavar="FILE", help="beat state file")
+    beat.add_argument("--loglevel", default="INFO")
+    beat.set_defaults(func=cmd_beat)
+
+    from service.quota.periods import is_period
+
+    def period_arg(s: str) -> str:
+        if not is_period(s):
+            raise argparse.ArgumentTypeError(f"{s!r} is not a period YYYY-MM")
+        return s
+
+    reset = sub.add_parser("reset-month", help="run the monthly reset now (a no-op once done)")
+    reset.add_argument("--period", type=period_arg, metavar="YYYY-MM", help="default: the current UTC month")
+    reset.add_argument("--batch-size", type=int, default=5000, help="counters per transaction")
+    reset.add_argument("--pause", type=float, default=0.0, help="seconds to sleep between batches")
+    reset.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    reset.set_defaults(func=cmd_reset_month)
+
+    sync = sub.add_parser("sync-plans", help="bring stored plan limits in line with PLANS_FILE")
+    sync.add_argument("--dry-run", action="store_true", help="print the changes, write nothing")
+    sync.add_argument("--batch-size", type=int, default=1000, help="accounts per transaction")
+    sync.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    sync.set_defaults(func=cmd_sync_plans)
     return parser
 
 

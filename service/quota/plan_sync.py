@@ -1,0 +1,236 @@
+"""Plan sync: bring every account's stored plan limits in line with the plan config.
+
+The set-based, batched form of `accounts.sync_limits`, with the same guarantees: only rows whose
+stored plan limit, free limit or lapsed flag differ are written, each change gets an audit row with
+old and new values, and the override columns are never written (overrides are the admin API's).
+Running it twice changes nothing the second time. A counter row an account lacks (a metric added
+to the config) is created. Soft-deleted accounts are skipped. Usage and the ledger are not touched.
+
+The dry run reads the same diff and writes nothing (its transactions are READ ONLY).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.rows import class_row, dict_row
+
+from service.billing.plans import Limit, PlanConfig
+from service.db import Connection, Q, transaction, try_advisory_xact_lock
+from service.quota import periods
+
+log = logging.getLogger(__name__)
+
+ACTOR = "system:plan_sync"
+# Fixed 64-bit advisory lock key of the plan sync (hex-packed ASCII 'qlplsync'); see
+# service.quota.reset.RESET_LOCK_KEY for the registry.
+PLAN_SYNC_LOCK_KEY = 0x716C_706C_7379_6E63
+DEFAULT_BATCH_SIZE = 1000
+_RETRIES = 5
+
+
+def _show(limit: Limit) -> str:
+    return "unlimited" if limit is None else str(limit)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LimitChange:
+    """One counter whose stored limits a sync changes (or creates, `created`)."""
+
+    account_id: str
+    metric: str
+    created: bool
+    old_plan_limit: int | None
+    new_plan_limit: int | None
+    old_free_limit: int | None
+    new_free_limit: int | None
+    old_lapsed: bool | None
+    new_lapsed: bool
+    override_set: bool
+    override_limit: int | None
+
+    def describe(self) -> str:
+        """One line: account, metric, old -> new, and the override left alone if there is one."""
+        if self.created:
+            return (
+                f"{self.account_id} {self.metric}: new counter, plan_limit {_show(self.new_plan_limit)}, "
+                f"free_limit {_show(self.new_free_limit)}, lapsed {str(self.new_lapsed).lower()}"
+            )
+        parts = []
+        if self.old_plan_limit != self.new_plan_limit:
+            parts.append(f"plan_limit {_show(self.old_plan_limit)} -> {_show(self.new_plan_limit)}")
+        if self.old_free_limit != self.new_free_limit:
+            parts.append(f"free_limit {_show(self.old_free_limit)} -> {_show(self.new_free_limit)}")
+        if self.old_lapsed != self.new_lapsed:
+            parts.append(f"lapsed {str(self.old_lapsed).lower()} -> {str(self.new_lapsed).lower()}")
+        line = f"{self.account_id} {self.metric}: {', '.join(parts)}"
+        if self.override_set:
+            line += f" (override {_show(self.override_limit)} left alone, still in effect)"
+        return line
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyncOutcome:
+    """status: 'done' or 'lock_busy' (another sync holds the lock; skipped)."""
+
+    status: str
+    dry_run: bool
+    accounts: int = 0
+    changes: int = 0
+    created: int = 0
+    overrides_left_alone: int = 0
+    duration_s: float = 0.0
+
+    @property
+    def message(self) -> str:
+        if self.status == "lock_busy":
+            return "plan sync: skipped: lock busy, another plan sync is running"
+        verb = "would change" if self.dry_run else "changed"
+        made = "would create" if self.dry_run else "created"
+        return (
+            f"plan sync{' (dry run, nothing written)' if self.dry_run else ''}: {self.accounts} accounts "
+            f"checked, {verb} {self.changes} limits, {made} {self.created} counters, "
+            f"{self.overrides_left_alone} overrides left alone, {self.duration_s:.1f} s"
+        )
+
+
+def _targets(plans: PlanConfig, accounts: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Per (account, metric): what the config says the stored limits and lapsed flag should be.
+    The config's own rules (unknown plan -> free limits, unlisted metric -> 0) stay in PlanConfig."""
+    cols: dict[str, list[Any]] = {
+        "account_ids": [],
+        "metrics": [],
+        "plan_limits": [],
+        "free_limits": [],
+        "lapsed": [],
+    }
+    for acct in accounts:
+        lapsed = plans.is_lapsed(acct["plan"], acct["subscription_status"])
+        for metric in plans.metrics:
+            cols["account_ids"].append(acct["id"])
+            cols["metrics"].append(metric)
+            cols["plan_limits"].append(plans.limit(acct["plan"], metric))
+            cols["free_limits"].append(plans.limit(plans.free_plan, metric))
+            cols["lapsed"].append(lapsed)
+    return cols
+
+
+def _dry_batch(
+    conn: Connection, plans: PlanConfig, *, after: str, batch_size: int
+) -> tuple[int, str, list[LimitChange]]:
+    with transaction(conn), conn.cursor(row_factory=dict_row) as cur:
+        cur.execute("SET TRANSACTION READ ONLY")
+        accounts = cur.execute(Q.plan_sync_accounts, {"after": after, "batch_size": batch_size}).fetchall()
+        if not accounts:
+            return 0, after, []
+        with conn.cursor(row_factory=class_row(LimitChange)) as diff:
+            changes = diff.execute(Q.plan_sync_diff, _targets(plans, accounts)).fetchall()
+    return len(accounts), accounts[-1]["id"], changes
+
+
+def _apply_batch(
+    conn: Connection, plans: PlanConfig, *, after: str, batch_size: int, actor: str, period: str
+) -> tuple[int, str, list[LimitChange]] | None:
+    with transaction(conn), conn.cursor(row_factory=dict_row) as cur:
+        if not try_advisory_xact_lock(conn, PLAN_SYNC_LOCK_KEY):
+            return None
+        accounts = cur.execute(
+            Q.plan_sync_lock_accounts, {"after": after, "batch_size": batch_size}
+        ).fetchall()
+        if not accounts:
+            return 0, after, []
+        targets = _targets(plans, accounts)
+        created = [
+            LimitChange(
+                account_id=r["account_id"],
+                metric=r["metric"],
+                created=True,
+                old_plan_limit=None,
+                new_plan_limit=r["plan_limit"],
+                old_free_limit=None,
+                new_free_limit=r["free_limit"],
+                old_lapsed=None,
+                new_lapsed=r["lapsed"],
+                override_set=False,
+                override_limit=None,
+            )
+            for r in cur.execute(Q.plan_sync_create, {**targets, "period": period}).fetchall()
+        ]
+        with conn.cursor(row_factory=class_row(LimitChange)) as apply:
+            changed = apply.execute(Q.plan_sync_apply, {**targets, "actor": actor}).fetchall()
+    return (
+        len(accounts),
+        accounts[-1]["id"],
+        sorted(created + changed, key=lambda c: (c.account_id, c.metric)),
+    )
+
+
+def sync_plans(
+    conn: Connection,
+    plans: PlanConfig,
+    *,
+    dry_run: bool = False,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    actor: str = ACTOR,
+    on_change: Callable[[LimitChange], None] | None = None,
+    period: str | None = None,
+) -> SyncOutcome:
+    """Sync every live account's stored limits with `plans`, in batches of `batch_size` accounts,
+    each batch its own transaction under the plan-sync advisory lock (busy: skip). `on_change` is
+    called for each change (made, or with `dry_run` that would be made). Load `plans` with
+    `load_plans` first: a broken config raises there and nothing is changed. Needs an autocommit
+    connection. New counter rows open in `period` (default: the current one)."""
+    started = time.monotonic()
+    period = period or periods.current_period()
+    after = ""
+    accounts = changes = created = overrides = retries = 0
+    while True:
+        try:
+            if dry_run:
+                step: tuple[int, str, list[LimitChange]] | None = _dry_batch(
+                    conn, plans, after=after, batch_size=batch_size
+                )
+            else:
+                step = _apply_batch(
+                    conn, plans, after=after, batch_size=batch_size, actor=actor, period=period
+                )
+        except (psycopg.errors.DeadlockDetected, psycopg.errors.LockNotAvailable) as e:
+            retries += 1
+            if retries > _RETRIES:
+                raise
+            log.warning("plan sync: batch rolled back (%s); retrying", type(e).__name__)
+            continue
+        if step is None:
+            outcome = SyncOutcome(status="lock_busy", dry_run=dry_run, duration_s=time.monotonic() - started)
+            log.info("%s", outcome.message)
+            return outcome
+        n, after, batch_changes = step
+        if n == 0:
+            break
+        accounts += n
+        for change in batch_changes:
+            if change.created:
+                created += 1
+            else:
+                changes += 1
+                overrides += change.override_set
+            if not dry_run:
+                log.info("plan sync: %s", change.describe())
+            if on_change is not None:
+                on_change(change)
+    outcome = SyncOutcome(
+        status="done",
+        dry_run=dry_run,
+        accounts=accounts,
+        changes=changes,
+        created=created,
+        overrides_left_alone=overrides,
+        duration_s=time.monotonic() - started,
+    )
+    log.info("%s", outcome.message)
+    return outcome

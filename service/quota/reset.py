@@ -1,0 +1,240 @@
+"""The monthly reset: every live counter starts the calendar month (UTC) from zero, exactly once.
+
+It is the lazy rollover of `takes.take` done eagerly, in batches, for all counters still holding an
+earlier period. Why it happens once per (account, metric, period), however many workers, beats,
+retries or redeliveries run it:
+
+- Each batch is one transaction that first takes `pg_try_advisory_xact_lock(RESET_LOCK_KEY)`;
+  busy means another runner is working, and this one skips. The lock only avoids duplicate work.
+- The `job_runs` row (job 'monthly_reset', period) is claimed under the lock; once it is `done`
+  every later run is a no-op. It also holds the keyset cursor of the last committed batch, so a
+  run killed midway resumes there.
+- The batch statement (`reset_batch`) only touches counters with `period < P`, row-locked, and
+  moves them to P in the same statement that writes their reset ledger row. A counter already in
+  P (opened by a take's rollover, or by an earlier batch) never matches again, and the unique
+  period-open index refuses a second reset row for the same counter and period.
+
+Batches of a few thousand rows keep each row lock short, so takes keep flowing during the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime
+
+import psycopg
+from psycopg.rows import dict_row
+
+from service.db import Connection, Q, transaction, try_advisory_xact_lock
+from service.quota import periods
+
+log = logging.getLogger(__name__)
+
+JOB = "monthly_reset"
+ACTOR = "system:monthly_reset"
+# Fixed 64-bit advisory lock key of the monthly reset ("quota-ledger reset", hex-packed ASCII
+# 'qlresets'). Registry of the service's advisory lock keys: this one and
+# service.quota.plan_sync.PLAN_SYNC_LOCK_KEY. Never derive keys from hashtext().
+RESET_LOCK_KEY = 0x716C_7265_7365_7473
+DEFAULT_BATCH_SIZE = 5000
+# A batch that loses a deadlock (e.g. against a plan sync locking the same rows) is retried.
+_RETRIES = 5
+
+_START = {"cursor_period": "", "cursor_account": "", "cursor_metric": ""}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResetOutcome:
+    """What one invocation did. `status`: 'done' (this invocation finished the period),
+    'already_done' (found it finished), 'lock_busy' (another runner holds the lock; skipped)."""
+
+    status: str
+    period: str
+    counters_reset: int = 0  # by this invocation
+    reset_rows: int = 0  # of which had usage (one reset ledger row each)
+    batches: int = 0
+    duration_s: float = 0.0
+    run_counters_reset: int = 0  # the whole run for the period, across resumed invocations
+    run_reset_rows: int = 0
+
+    @property
+    def message(self) -> str:
+        head = f"monthly reset {self.period}:"
+        if self.status == "lock_busy":
+            tail = (
+                f" (after {self.counters_reset} counters in {self.batches} batches)" if self.batches else ""
+            )
+            return f"{head} skipped: lock busy, another runner is resetting{tail}"
+        if self.status == "already_done":
+            return f"{head} already done ({self.run_counters_reset} counters were reset); nothing to do"
+        return (
+            f"{head} done: {self.counters_reset} counters reset ({self.reset_rows} had usage) "
+            f"in {self.batches} batches, {self.duration_s:.1f} s; run total {self.run_counters_reset} "
+            f"counters, {self.run_reset_rows} reset rows"
+        )
+
+    def as_dict(self) -> dict[str, object]:
+        return {**asdict(self), "message": self.message}
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Batch:
+    status: str  # 'busy', 'already_done', 'progress', 'done'
+    counters: int = 0
+    reset_rows: int = 0
+    run_counters: int = 0
+    run_reset_rows: int = 0
+
+
+def runner_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def target_period(*, period: str | None = None, at: datetime | None = None) -> str:
+    """The period to reset: `period`, or the one the clock (`at`, default now, UTC) is in.
+    A period after the clock's is refused: opening it early would cut the current month short."""
+    current = periods.period_of(at or periods.now())
+    if period is None:
+        return current
+    if not periods.is_period(period):
+        raise ValueError(f"period {period!r} is not YYYY-MM")
+    if period > current:
+        raise ValueError(f"period {period} has not started yet (it is {current} in UTC)")
+    return period
+
+
+def _batch(conn: Connection, *, period: str, batch_size: int, actor: str, runner: str) -> _Batch:
+    key = {"job": JOB, "period": period}
+    with transaction(conn), conn.cursor(row_factory=dict_row) as cur:
+        if not try_advisory_xact_lock(conn, RESET_LOCK_KEY):
+            return _Batch(status="busy")
+        run = cur.execute(Q.job_run_claim, key).fetchone()
+        assert run is not None
+        if run["status"] == "done":
+            return _Batch(
+                status="already_done", run_counters=run["counters_reset"], run_reset_rows=run["reset_rows"]
+            )
+        cursor = {k: run[k] for k in _START} if run["cursor_period"] is not None else _START
+        step = cur.execute(
+            Q.reset_batch, {"period": period, "batch_size": batch_size, "actor": actor, **cursor}
+        ).fetchone()
+        assert step is not None
+        if step["counters"]:
+            cur.execute(
+                Q.job_run_progress,
+                {
+                    **key,
+                    "counters": step["counters"],
+                    "reset_rows": step["reset_rows"],
+                    "cursor_period": step["cursor_period"],
+                    "cursor_account": step["cursor_account"],
+                    "cursor_metric": step["cursor_metric"],
+                    "runner": runner,
+                },
+            )
+            return _Batch(status="progress", counters=step["counters"], reset_rows=step["reset_rows"])
+        pending = cur.execute(Q.reset_pending, {"period": period}).fetchone()
+        if pending and pending["pending"]:
+            # The cursor passed a counter that still needs its reset (it was locked by a rollover
+            # when the batch read it, or created behind the cursor): start over from the beginning.
+            cur.execute(
+                Q.job_run_progress, {**key, "counters": 0, "reset_rows": 0, **_START, "runner": runner}
+            )
+            return _Batch(status="progress")
+        done = cur.execute(Q.job_run_done, {**key, "runner": runner}).fetchone()
+        assert done is not None
+        return _Batch(status="done", run_counters=done["counters_reset"], run_reset_rows=done["reset_rows"])
+
+
+def reset_month(
+    conn: Connection,
+    *,
+    period: str | None = None,
+    at: datetime | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    pause: float = 0.0,
+    actor: str = ACTOR,
+) -> ResetOutcome:
+    """Reset every live counter into `period` (default: the period of `at`, default now, in UTC),
+    committing every `batch_size` counters and sleeping `pause` seconds between batches.
+    Safe to call any number of times, concurrently: see the module docstring. Needs an autocommit
+    connection (each batch opens its own transaction)."""
+    period = target_period(period=period, at=at)
+    if batch_size < 1:
+        raise ValueError("batch_size must be at least 1")
+    runner = runner_id()
+    started = time.monotonic()
+    counters = reset_rows = batches = retries = 0
+
+    def outcome(status: str, step: _Batch | None = None) -> ResetOutcome:
+        return ResetOutcome(
+            status=status,
+            period=period,
+            counters_reset=counters,
+            reset_rows=reset_rows,
+            batches=batches,
+            duration_s=time.monotonic() - started,
+            run_counters_reset=step.run_counters if step else 0,
+            run_reset_rows=step.run_reset_rows if step else 0,
+        )
+
+    log.debug("monthly reset %s: starting (runner %s, batches of %d)", period, runner, batch_size)
+    while True:
+        try:
+            step = _batch(conn, period=period, batch_size=batch_size, actor=actor, runner=runner)
+        except (psycopg.errors.DeadlockDetected, psycopg.errors.LockNotAvailable) as e:
+            retries += 1
+            if retries > _RETRIES:
+                raise
+            log.warning("monthly reset %s: batch rolled back (%s); retrying", period, type(e).__name__)
+            continue
+        if step.status == "busy":
+            result = outcome("lock_busy")
+            log.info("%s", result.message)
+            return result
+        if step.status == "already_done":
+            # Finished by another runner after this one had done some batches: still 'done' for it.
+            result = outcome("done" if batches else "already_done", step)
+            log.info("%s", result.message)
+            return result
+        if step.status == "done":
+            result = outcome("done", step)
+            log.info("%s", result.message)
+            return result
+        counters += step.counters
+        reset_rows += step.reset_rows
+        batches += 1
+        if batches % 20 == 0:
+            log.info("monthly reset %s: %d counters reset so far", period, counters)
+        if pause:
+            time.sleep(pause)
+
+
+def reset_status(conn: Connection, *, period: str) -> dict[str, object] | None:
+    """The run row of `period`, or None if no run was recorded."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(Q.job_run_get, {"job": JOB, "period": period}).fetchone()
+
+
+def catch_up(
+    conn: Connection, *, at: datetime | None = None, batch_size: int = DEFAULT_BATCH_SIZE, pause: float = 0.0
+) -> ResetOutcome:
+    """The hourly tick: run the reset of the clock's current period unless its run is done.
+    Covers a missed 00:05 run (worker or beat down, lost schedule file, lost queued message) and
+    resumes a run that was killed midway. A no-op read once the period is done."""
+    period = target_period(at=at)
+    run = reset_status(conn, period=period)
+    if run is not None and run["status"] == "done":
+        result = ResetOutcome(
+            status="already_done",
+            period=period,
+            run_counters_reset=int(run["counters_reset"]),  # type: ignore[call-overload]
+            run_reset_rows=int(run["reset_rows"]),  # type: ignore[call-overload]
+        )
+        log.info("%s", result.message)
+        return result
+    return reset_month(conn, period=period, batch_size=batch_size, pause=pause)

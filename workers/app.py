@@ -1,0 +1,90 @@
+"""The Celery app and its beat schedule.
+
+Settings that matter for exactly-once effects (see reference/reliability.md §3):
+- `task_acks_late` + `task_reject_on_worker_lost`: a task whose worker process dies is re-queued,
+  not lost; every task is safe to run twice, so a redelivery only repeats a no-op.
+- The Redis `visibility_timeout` is longer than any task may run (`task_time_limit`), and no task
+  is sent with an ETA or countdown, so no message is redelivered while it is still running.
+- JSON only, UTC, crontab schedules written with keywords (positional crontab arguments are a trap).
+- Exactly one beat. A missed or duplicated fire is absorbed anyway: the hourly catch-up tick runs a
+  missed reset, and the reset's run row turns a duplicate into a no-op.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+from celery import Celery
+from celery.schedules import crontab
+
+from service.config import Settings
+
+DEFAULT_QUEUE = "quota-ledger"
+
+# A task may run this long (a reset of tens of millions of counters; a killed or timed-out run
+# resumes at the next hourly tick). The visibility timeout must stay above it.
+TASK_TIME_LIMIT = 30 * 60
+VISIBILITY_TIMEOUT = 2 * 60 * 60
+
+BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
+    # 00:05 UTC on the 1st of every month. Keywords only: crontab(0, 0, 0, day_of_month=...)
+    # would also mean "and on Sundays".
+    "monthly-reset": {
+        "task": "quota.monthly_reset",
+        "schedule": crontab(minute=5, hour=0, day_of_month=1),
+    },
+    # Hourly: runs the current period's reset unless its run row says done (then a no-op read).
+    "reset-catch-up": {
+        "task": "quota.reset_catch_up",
+        "schedule": crontab(minute=35),
+        "options": {"expires": 50 * 60},  # a stale tick is dropped; the next one covers it
+    },
+    "plan-sync": {
+        "task": "quota.plan_sync",
+        "schedule": crontab(minute=15, hour=2),
+        "options": {"expires": 12 * 60 * 60},
+    },
+}
+
+
+def broker_url(redis_url: str) -> str:
+    """REDIS_URL as kombu wants it. redis-py (and so the web app's readiness check) writes a Unix
+    socket as `unix:///path?db=N`; kombu as `redis+socket:///path?virtual_host=N`."""
+    parts = urlsplit(redis_url)
+    if parts.scheme != "unix":
+        return redis_url
+    query = [("virtual_host" if k == "db" else k, v) for k, v in parse_qsl(parts.query)]
+    auth = f"{parts.netloc}" if parts.netloc else ""
+    return f"redis+socket://{auth}{parts.path}" + (f"?{urlencode(query)}" if query else "")
+
+
+def make_app(*, redis_url: str | None = None, queue: str | None = None) -> Celery:
+    """A Celery app on `redis_url` (default: REDIS_URL) whose tasks go to `queue` (default:
+    WORKER_QUEUE, else 'quota-ledger'); tests use their own queue and Redis db."""
+    url = redis_url or os.environ.get("REDIS_URL") or Settings.redis_url
+    queue = queue or os.environ.get("WORKER_QUEUE") or DEFAULT_QUEUE
+    app = Celery("quota-ledger", include=["workers.tasks"])
+    app.conf.update(
+        broker_url=broker_url(url),
+        broker_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT},
+        broker_connection_retry_on_startup=True,
+        task_default_queue=queue,
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,  # outcomes are in job_runs, the ledger and the logs
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_time_limit=TASK_TIME_LIMIT,
+        task_soft_time_limit=TASK_TIME_LIMIT - 60,
+        worker_prefetch_multiplier=1,  # with acks_late: hold no second long task hostage
+        timezone="UTC",
+        enable_utc=True,
+        beat_schedule=BEAT_SCHEDULE,
+    )
+    return app
+
+
+app = make_app()

@@ -1,0 +1,48 @@
+"""Thin tasks: open a connection, call the service function, return its outcome. Each is safe to
+run twice (a second run is a no-op), which acks_late redelivery relies on."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import psycopg
+
+from service.billing.plans import load_plans
+from service.config import Settings
+from service.db import Connection
+from service.quota import plan_sync, reset
+from workers.app import app
+
+
+def _connect(settings: Settings) -> Connection:
+    return psycopg.connect(settings.database_url, autocommit=True, application_name="quota-ledger-worker")
+
+
+@app.task(name="quota.monthly_reset")
+def monthly_reset(
+    period: str | None = None, batch_size: int = reset.DEFAULT_BATCH_SIZE, pause: float = 0.0
+) -> dict[str, object]:
+    """Reset every counter into `period` (default: the current UTC month), once."""
+    with _connect(Settings.from_env()) as conn:
+        return reset.reset_month(conn, period=period, batch_size=batch_size, pause=pause).as_dict()
+
+
+@app.task(name="quota.reset_catch_up")
+def reset_catch_up(
+    at: str | None = None, batch_size: int = reset.DEFAULT_BATCH_SIZE, pause: float = 0.0
+) -> dict[str, object]:
+    """The hourly tick: the current period's reset if it is not done. `at` (ISO 8601) sets the
+    clock, for tests."""
+    when = datetime.fromisoformat(at) if at else None
+    with _connect(Settings.from_env()) as conn:
+        return reset.catch_up(conn, at=when, batch_size=batch_size, pause=pause).as_dict()
+
+
+@app.task(name="quota.plan_sync")
+def plan_sync_task() -> dict[str, object]:
+    """Bring stored plan limits in line with PLANS_FILE. A broken file fails the task, changing nothing."""
+    settings = Settings.from_env()
+    plans = load_plans(settings.plans_file)
+    with _connect(settings) as conn:
+        outcome = plan_sync.sync_plans(conn, plans)
+    return {"status": outcome.status, "message": outcome.message}
