@@ -65,3 +65,45 @@ class PlanConfigError(QuotaError):
     """The plan config file is missing or invalid; nothing was changed."""
 
     code = "plan_config_invalid"
+
+
+class WebhookRejected(QuotaError):
+    """The webhook request was refused before anything was stored."""
+
+    code = "webhook_rejected"
+
+
+class InvalidSignature(WebhookRejected):
+    """The Stripe-Signature header is missing, malformed, stale, from the future, or matches no secret."""
+
+    code = "invalid_signature"
+
+
+class WebhookUnauthorized(WebhookRejected):
+    """The Authorization header of the webhook is missing or wrong."""
+
+    code = "unauthorized"
+
+
+class MalformedWebhook(WebhookRejected):
+    """The webhook body is not an event this provider sends (bad JSON, missing id, type or time)."""
+
+    code = "malformed_body"
+
+
+class WebhooksNotConfigured(WebhookRejected):
+    """No webhook secret is configured for this provider; the provider should retry later."""
+
+    code = "webhooks_not_configured"
+
+
+class UntranslatableEvent(QuotaError):
+    """A verified event whose contents this service cannot read (e.g. an unknown status); stored as failed."""
+
+    code = "untranslatable_event"
+
+
+class UnknownEvent(QuotaError):
+    """No stored webhook event has this id."""
+
+    code = "unknown_event"

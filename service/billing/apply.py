@@ -1,0 +1,248 @@
+"""Apply a provider-neutral billing change to our state: subscriptions, customer links, and the
+account's plan tier and subscription status, which follow its subscriptions.
+
+Only tier and status change on an account (through `accounts.apply_plan`); no usage counter, ledger
+row or override is touched here. Everything runs in the caller's transaction.
+
+Lock order, so that concurrent events cannot deadlock and never lose a recomputation: first the
+subscription rows this change writes, then the affected accounts in id order. Each transaction
+recomputes its accounts after its own subscription writes, under the account locks, so the last one
+to get a lock sees every subscription committed before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from psycopg.rows import dict_row
+
+from service.billing.events import (
+    Change,
+    CustomerLink,
+    Envelope,
+    NoChange,
+    PlanKeys,
+    SubscriptionChange,
+    Transfer,
+)
+from service.billing.plans import PlanConfig
+from service.db import Connection, Q
+from service.quota.accounts import apply_plan
+
+# An account whose last subscription moved away (RevenueCat TRANSFER) keeps its tier as the provider
+# last said, with this status: it has no access any more, like an expired subscription.
+NO_SUBSCRIPTION_STATUS = "expired"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """What applying one event did; becomes the inbox row's status and columns."""
+
+    status: str  # applied | ignored | unmatched | failed
+    account_id: str | None = None
+    subscription_id: str | None = None
+    customer_id: str | None = None
+    note: str | None = None
+    error: str | None = None
+
+
+def plan_for(plans: PlanConfig, keys: PlanKeys) -> str | None:
+    """The plan these provider keys map to in the plan config, or None."""
+    if keys.stripe_prices:
+        return plans.plan_for_stripe_price(*keys.stripe_prices)
+    if keys.revenuecat_entitlements or keys.revenuecat_product:
+        return plans.plan_for_revenuecat(list(keys.revenuecat_entitlements), keys.revenuecat_product)
+    return None
+
+
+def apply_change(
+    conn: Connection, plans: PlanConfig, env: Envelope, change: Change, *, actor: str
+) -> Outcome:
+    """Apply `change` (translated from `env`) and say what happened."""
+    match change:
+        case NoChange(reason=reason):
+            return Outcome(status="ignored", note=reason)
+        case SubscriptionChange():
+            return _subscription(conn, plans, env, change, actor=actor)
+        case CustomerLink():
+            return _link(conn, env, change)
+        case Transfer():
+            return _transfer(conn, plans, env, change, actor=actor)
+
+
+def resolve_account(
+    conn: Connection,
+    *,
+    provider: str,
+    account_ids: tuple[str, ...],
+    subscription_id: str | None = None,
+    customer_id: str | None = None,
+) -> str | None:
+    """The first existing account among the ids the event names, the subscription's owner, and the
+    customer's linked account (product link first). None: unmatched. Never creates an account."""
+    row = conn.execute(
+        Q.resolve_account,
+        {
+            "provider": provider,
+            "account_ids": list(account_ids),
+            "subscription_id": subscription_id,
+            "customer_id": customer_id,
+        },
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def _subscription(
+    conn: Connection, plans: PlanConfig, env: Envelope, change: SubscriptionChange, *, actor: str
+) -> Outcome:
+    sub, customer = change.subscription_id, change.customer_id
+    account = resolve_account(
+        conn,
+        provider=env.provider,
+        account_ids=change.account_ids,
+        subscription_id=sub,
+        customer_id=customer,
+    )
+    if account is None:
+        return Outcome(
+            status="unmatched",
+            subscription_id=sub,
+            customer_id=customer,
+            note=_unmatched_note(change.account_ids, customer),
+        )
+    plan = plan_for(plans, change.plan_keys)
+    notes = []
+    if plan is None and change.plan_keys != PlanKeys():
+        notes.append(f"{change.plan_keys.describe()} map to no plan in the plan config; plan unchanged")
+    row = conn.execute(
+        Q.subscription_upsert,
+        {
+            "provider": env.provider,
+            "subscription_id": sub,
+            "account_id": account,
+            "plan": plan,
+            "status": change.status,
+            "status_if_new": change.status_if_new,
+            "final": change.final,
+            "event_at": env.occurred_at,
+            "event_id": env.event_id,
+        },
+    ).fetchone()
+    if row is None:
+        return Outcome(
+            status="ignored",
+            account_id=account,
+            subscription_id=sub,
+            customer_id=customer,
+            note=_stale_note(conn, env, sub),
+        )
+    if customer and env.provider == "stripe":
+        linked = _link_customer(conn, env, customer_id=customer, account_id=account)
+        if linked != account:
+            notes.append(f"customer {customer!r} stays linked to account {linked!r}")
+    prior = row[1]
+    follow_subscriptions(conn, plans, {account, str(prior or account)}, actor=actor)
+    return Outcome(
+        status="applied",
+        account_id=account,
+        subscription_id=sub,
+        customer_id=customer,
+        note="; ".join(notes) or None,
+    )
+
+
+def _link(conn: Connection, env: Envelope, change: CustomerLink) -> Outcome:
+    account = resolve_account(conn, provider=env.provider, account_ids=change.account_ids)
+    if account is None:
+        return Outcome(
+            status="unmatched",
+            customer_id=change.customer_id,
+            note=_unmatched_note(change.account_ids, None),
+        )
+    linked = _link_customer(conn, env, customer_id=change.customer_id, account_id=account)
+    note = None
+    if linked != account:
+        note = f"customer {change.customer_id!r} stays linked to account {linked!r}"
+    return Outcome(status="applied", account_id=account, customer_id=change.customer_id, note=note)
+
+
+def _link_customer(conn: Connection, env: Envelope, *, customer_id: str, account_id: str) -> str:
+    """Link the customer to the account unless it is linked already; the account it is linked to."""
+    row = conn.execute(
+        Q.customer_link,
+        {
+            "provider": env.provider,
+            "customer_id": customer_id,
+            "account_id": account_id,
+            "event_id": env.event_id,
+        },
+    ).fetchone()
+    return account_id if row is None else str(row[0])
+
+
+def _transfer(conn: Connection, plans: PlanConfig, env: Envelope, change: Transfer, *, actor: str) -> Outcome:
+    target = resolve_account(conn, provider=env.provider, account_ids=change.to_ids)
+    if target is None:
+        return Outcome(status="unmatched", note=_unmatched_note(change.to_ids, None))
+    moved = conn.execute(
+        Q.subscriptions_transfer,
+        {
+            "provider": env.provider,
+            "from_ids": list(change.from_ids),
+            "account_id": target,
+            "event_at": env.occurred_at,
+            "event_id": env.event_id,
+        },
+    ).fetchall()
+    if not moved:
+        return Outcome(
+            status="applied",
+            account_id=target,
+            note=f"no stored subscription of {list(change.from_ids)} to move; "
+            "the destination's tier follows its next event",
+        )
+    sources = {str(r[1]) for r in moved}
+    follow_subscriptions(conn, plans, {target, *sources}, actor=actor)
+    subs = ", ".join(str(r[0]) for r in moved)
+    return Outcome(
+        status="applied",
+        account_id=target,
+        subscription_id=str(moved[0][0]) if len(moved) == 1 else None,
+        note=f"moved {subs} from {sorted(sources)}",
+    )
+
+
+def follow_subscriptions(conn: Connection, plans: PlanConfig, account_ids: set[str], *, actor: str) -> None:
+    """Set each account's tier and status from its deciding subscription (an active one wins over
+    ended ones), through `apply_plan`, where they differ. Call after the subscription writes."""
+    ids = sorted(account_ids)
+    accounts = conn.execute(Q.accounts_lock, {"account_ids": ids}).fetchall()
+    with conn.cursor(row_factory=dict_row) as cur:
+        best = {r["account_id"]: r for r in cur.execute(Q.accounts_best_subscription, {"account_ids": ids})}
+    for account_id, plan, status in accounts:
+        sub = best.get(account_id)
+        new_plan = str((sub and sub["plan"]) or plan)
+        new_status = str(sub["status"]) if sub else NO_SUBSCRIPTION_STATUS
+        if (new_plan, new_status) != (plan, status):
+            apply_plan(conn, plans, account_id=str(account_id), plan=new_plan, status=new_status, actor=actor)
+
+
+def _unmatched_note(account_ids: tuple[str, ...], customer_id: str | None) -> str:
+    named = ", ".join(repr(a) for a in account_ids) or "no account id"
+    tail = f" and customer {customer_id!r} is not linked" if customer_id else ""
+    return f"no known account: the event names {named}{tail}; replay it once the account exists"
+
+
+def _stale_note(conn: Connection, env: Envelope, subscription_id: str) -> str:
+    with conn.cursor(row_factory=dict_row) as cur:
+        stored = cur.execute(
+            Q.subscription_get, {"provider": env.provider, "subscription_id": subscription_id}
+        ).fetchone()
+    if stored is None:  # pragma: no cover - the upsert found a row a moment ago
+        return "not applied"
+    if stored["final"] and stored["event_at"] <= env.occurred_at:
+        return f"subscription ended ({stored['status']}) for good; a later event does not reopen it"
+    return (
+        f"older than the stored state ({stored['status']} from {stored['event_id']} at "
+        f"{stored['event_at'].isoformat()}); not applied"
+    )

@@ -1,0 +1,91 @@
+"""Provider-neutral billing events: what the webhook adapters translate provider payloads into.
+
+An adapter verifies a delivery and produces an `Envelope` (the inbox row's identity: provider, event
+id, type, provider time, raw payload). Translating the payload gives one `Change`: what the event asks
+of our state. The billing domain (`service.billing.apply`) knows only these types, never a provider's
+payload shape; the adapters know nothing about storage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+# Subscription statuses an account can have (the accounts.subscription_status check constraint).
+STATUSES = frozenset(
+    {"trialing", "active", "past_due", "unpaid", "incomplete", "paused", "canceled", "expired"}
+)
+# Statuses that end a subscription: at equal provider time they win over any other status.
+ENDED = frozenset({"canceled", "expired"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Envelope:
+    """A verified delivery: the identity of its inbox row, the body as received and as parsed."""
+
+    provider: str  # "stripe" | "revenuecat"
+    event_id: str
+    type: str
+    occurred_at: datetime  # the provider's event time (Stripe `created`, RevenueCat `event_timestamp_ms`)
+    body: str = field(repr=False)
+    data: dict[str, Any] = field(repr=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanKeys:
+    """What the event says the subscription is for; the plan config maps it to a plan."""
+
+    stripe_prices: tuple[str, ...] = ()  # price lookup keys and price ids
+    revenuecat_entitlements: tuple[str, ...] = ()
+    revenuecat_product: str | None = None
+
+    def describe(self) -> str:
+        keys = [*self.stripe_prices, *self.revenuecat_entitlements]
+        if self.revenuecat_product:
+            keys.append(self.revenuecat_product)
+        return ", ".join(repr(k) for k in keys) or "(none)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SubscriptionChange:
+    """Set one subscription's plan and status, as of the event's provider time.
+
+    `status` None keeps the stored status (an event that does not change access, e.g. a RevenueCat
+    CANCELLATION); `status_if_new` is used when nothing is stored yet. `final` says the provider never
+    reopens the subscription after this status (Stripe `canceled`), so no later event may either.
+    """
+
+    subscription_id: str
+    account_ids: tuple[str, ...]  # accounts the event names, most authoritative first
+    customer_id: str | None = None  # a provider customer to link to the resolved account
+    plan_keys: PlanKeys
+    status: str | None
+    status_if_new: str
+    final: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class CustomerLink:
+    """Link a provider customer to an account (e.g. a completed Stripe checkout); no state changes."""
+
+    customer_id: str
+    account_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Transfer:
+    """Move the provider's subscriptions of `from_ids` accounts to the first known of `to_ids`."""
+
+    from_ids: tuple[str, ...]
+    to_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoChange:
+    """A known event that changes nothing here (stored as ignored); `reason` says why."""
+
+    reason: str
+
+
+Change = SubscriptionChange | CustomerLink | Transfer | NoChange

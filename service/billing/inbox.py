@@ -1,0 +1,196 @@
+"""The webhook inbox: every verified provider event, stored once, with what became of it.
+
+`receive` is the pipeline after verification, in a fixed order: allowlist, dedupe, persist, apply,
+all in one short transaction. Dedupe is the unique (provider, event_id) constraint with
+`INSERT ... ON CONFLICT DO NOTHING RETURNING`, never a lookup, so concurrent copies of one delivery
+store and apply it once.
+
+Failure handling: a verified event is always stored. If applying it fails (its contents cannot be
+read, or a bug), the change is rolled back to a savepoint and the row is committed as `failed` with
+the error, and the provider gets a 200: a retry would only be a duplicate of a stored row, so an
+admin replays it once the cause is fixed. Only when the row itself cannot be stored (the database is
+unreachable) does the request fail (503), so that the provider retries the delivery.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+import psycopg
+from psycopg.rows import class_row, dict_row
+
+from service.billing.apply import Outcome, apply_change
+from service.billing.events import Change, Envelope
+from service.billing.plans import PlanConfig
+from service.db import Connection, Q, transaction
+from service.errors import QuotaError, UnknownEvent
+
+log = logging.getLogger(__name__)
+
+Translate = Callable[[Envelope], Change]
+RETRIES = 3  # deadlocks and serialization failures are retried within the request
+
+
+@dataclass(frozen=True, kw_only=True)
+class Receipt:
+    """The answer to a delivery: the inbox row, its status, and whether it was a duplicate."""
+
+    id: int | None
+    status: str
+    duplicate: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoredEvent:
+    """An inbox row as support sees it (the payload stays in the database)."""
+
+    id: int
+    provider: str
+    event_id: str
+    type: str
+    status: str
+    error: str | None
+    note: str | None
+    account_id: str | None
+    subscription_id: str | None
+    customer_id: str | None
+    occurred_at: datetime
+    received_at: datetime
+    processed_at: datetime | None
+    attempts: int
+
+
+def receive(
+    conn: Connection, plans: PlanConfig, env: Envelope, *, allowed: bool, translate: Translate
+) -> Receipt:
+    """Store and apply one verified delivery. Types outside the allowlist are stored as ignored."""
+    if not allowed:
+        row = _insert(conn, env, status="ignored", note="event type not handled")
+        if row is None:
+            return _duplicate(conn, env)
+        return Receipt(id=row, status="ignored")
+    with transaction(conn):
+        row = _insert(conn, env, status="received", note=None)
+        if row is None:
+            return _duplicate(conn, env)
+        outcome = _apply(conn, plans, env, translate, actor=f"webhook:{env.provider}:{env.event_id}")
+        _finish(conn, row, outcome, replay=False)
+    return Receipt(id=row, status=outcome.status)
+
+
+def replay(
+    conn: Connection,
+    plans: PlanConfig,
+    inbox_id: int,
+    *,
+    translate_for: Callable[[str], Translate],
+    actor: str,
+) -> StoredEvent:
+    """Apply a stored event again (e.g. once its account exists). The ordering rules hold as for a
+    delivery: an event older than a subscription's stored state changes nothing."""
+    with transaction(conn):
+        with conn.cursor(row_factory=dict_row) as cur:
+            row = cur.execute(Q.inbox_for_replay, {"id": inbox_id}).fetchone()
+        if row is None:
+            raise UnknownEvent(f"no stored webhook event has id {inbox_id}")
+        env = Envelope(
+            provider=row["provider"],
+            event_id=row["event_id"],
+            type=row["type"],
+            occurred_at=row["occurred_at"],
+            body=json.dumps(row["payload"]),
+            data=row["payload"],
+        )
+        by = f"replay:{actor}:{env.provider}:{env.event_id}"
+        outcome = _apply(conn, plans, env, translate_for(env.provider), actor=by)
+        _finish(conn, inbox_id, outcome, replay=True)
+    return get(conn, inbox_id)
+
+
+def get(conn: Connection, inbox_id: int) -> StoredEvent:
+    with conn.cursor(row_factory=class_row(StoredEvent)) as cur:
+        found = cur.execute(Q.inbox_get, {"id": inbox_id}).fetchone()
+    if found is None:
+        raise UnknownEvent(f"no stored webhook event has id {inbox_id}")
+    return found
+
+
+def page(
+    conn: Connection,
+    *,
+    after: int = 0,
+    limit: int = 100,
+    status: str | None = None,
+    provider: str | None = None,
+) -> list[StoredEvent]:
+    """Inbox rows with id > `after`, oldest first, at most `limit`."""
+    with conn.cursor(row_factory=class_row(StoredEvent)) as cur:
+        return cur.execute(
+            Q.inbox_page, {"after": after, "limit": limit, "status": status, "provider": provider}
+        ).fetchall()
+
+
+def _insert(conn: Connection, env: Envelope, *, status: str, note: str | None) -> int | None:
+    row = conn.execute(
+        Q.inbox_insert,
+        {
+            "provider": env.provider,
+            "event_id": env.event_id,
+            "type": env.type,
+            "occurred_at": env.occurred_at,
+            "status": status,
+            "note": note,
+            "payload": env.body,
+        },
+    ).fetchone()
+    return None if row is None else int(str(row[0]))
+
+
+def _duplicate(conn: Connection, env: Envelope) -> Receipt:
+    row = conn.execute(Q.inbox_status, {"provider": env.provider, "event_id": env.event_id}).fetchone()
+    if row is None:  # pragma: no cover - the conflicting row was committed before we looked
+        return Receipt(id=None, status="duplicate", duplicate=True)
+    return Receipt(id=int(str(row[0])), status=str(row[1]), duplicate=True)
+
+
+def _apply(
+    conn: Connection, plans: PlanConfig, env: Envelope, translate: Translate, *, actor: str
+) -> Outcome:
+    """Translate and apply inside a savepoint; a failure rolls back the change, not the inbox row."""
+    for attempt in range(1, RETRIES + 1):
+        try:
+            with conn.transaction():
+                return apply_change(conn, plans, env, translate(env), actor=actor)
+        except psycopg.errors.TransactionRollback as e:  # deadlock, serialization failure
+            if attempt == RETRIES:
+                raise
+            log.warning("retrying %s event %s after %s", env.provider, env.event_id, type(e).__name__)
+        except psycopg.OperationalError:
+            raise  # the connection is gone: nothing can be stored; the provider retries
+        except QuotaError as e:
+            log.warning("%s event %s failed: %s", env.provider, env.event_id, e.message)
+            return Outcome(status="failed", error=e.message)
+        except Exception as e:
+            log.exception("%s event %s failed", env.provider, env.event_id)
+            return Outcome(status="failed", error=f"{type(e).__name__}: {e}")
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _finish(conn: Connection, inbox_id: int, outcome: Outcome, *, replay: bool) -> None:
+    conn.execute(
+        Q.inbox_finish,
+        {
+            "id": inbox_id,
+            "status": outcome.status,
+            "error": outcome.error,
+            "note": outcome.note,
+            "account_id": outcome.account_id,
+            "subscription_id": outcome.subscription_id,
+            "customer_id": outcome.customer_id,
+            "replay": 1 if replay else 0,
+        },
+    )

@@ -1,0 +1,76 @@
+"""Webhook endpoints: verify with the provider's adapter, then store and apply in the billing inbox.
+
+Refusals (bad signature or auth, malformed body) are answered before anything is stored. A verified
+event always gets a 200 once it is stored, whatever became of it: the body says its status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import psycopg
+from flask import Blueprint, Response, jsonify, request
+
+from service import errors
+from service.billing import inbox
+from service.billing.events import Envelope
+from service.http.errors import ApiError
+from service.http.runtime import runtime
+from service.webhooks import revenuecat, stripe
+
+bp = Blueprint("webhooks", __name__, url_prefix="/webhooks")
+
+REFUSAL_STATUS: dict[type[errors.WebhookRejected], int] = {
+    errors.InvalidSignature: 400,
+    errors.MalformedWebhook: 400,
+    errors.WebhookUnauthorized: 401,
+    errors.WebhooksNotConfigured: 503,
+}
+
+
+def _verified(check: Callable[[], Envelope]) -> Envelope:
+    try:
+        return check()
+    except errors.WebhookRejected as e:
+        raise ApiError(REFUSAL_STATUS.get(type(e), 400), e.code, e.message) from None
+
+
+def _receive(env: Envelope, *, allowed: bool, translate: inbox.Translate) -> Response:
+    rt = runtime()
+    with rt.connection() as conn:
+        try:
+            receipt = inbox.receive(conn, rt.plans, env, allowed=allowed, translate=translate)
+        except psycopg.DataError:
+            # e.g. a \u0000 in a string, which jsonb refuses: nothing was stored
+            raise ApiError(400, "malformed_body", "the body holds JSON the database cannot store") from None
+    return jsonify(
+        {"received": True, "id": receipt.id, "status": receipt.status, "duplicate": receipt.duplicate}
+    )
+
+
+@bp.post("/stripe")
+def stripe_webhook() -> Response:
+    settings = runtime().settings
+    env = _verified(
+        lambda: stripe.verify(
+            request.get_data(), request.headers.get("Stripe-Signature"), settings.stripe_webhook_secrets
+        )
+    )
+    return _receive(env, allowed=env.type in stripe.ALLOWED_TYPES, translate=stripe.translate)
+
+
+@bp.post("/revenuecat")
+def revenuecat_webhook() -> Response:
+    settings = runtime().settings
+
+    def check() -> Envelope:
+        revenuecat.authenticate(request.headers.get("Authorization"), settings.revenuecat_webhook_auth)
+        return revenuecat.parse(request.get_data())
+
+    env = _verified(check)
+    return _receive(env, allowed=env.type in revenuecat.ALLOWED_TYPES, translate=revenuecat.translate)
+
+
+def translator(provider: str) -> inbox.Translate:
+    """The adapter translation for a stored event's provider (for replays)."""
+    return {stripe.PROVIDER: stripe.translate, revenuecat.PROVIDER: revenuecat.translate}[provider]

@@ -1,0 +1,141 @@
+"""RevenueCat webhooks: check the Authorization header, translate the event.
+
+RevenueCat documents no signature: the integration sends the exact Authorization header value
+configured in its dashboard, which is compared in constant time with REVENUECAT_WEBHOOK_AUTH.
+
+A subscription is identified by its store and `original_transaction_id` (stable across renewals and
+resubscriptions in the store), so every event about one purchase chain orders against the others.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from service.billing.events import Change, Envelope, NoChange, PlanKeys, SubscriptionChange, Transfer
+from service.errors import MalformedWebhook, UntranslatableEvent, WebhooksNotConfigured, WebhookUnauthorized
+from service.webhooks._json import integer, obj, text, texts
+
+PROVIDER = "revenuecat"
+
+# Events that set access, and the status they set (None: keep the stored status). `TRIAL` in
+# period_type makes an access status `trialing`.
+ACCESS = "active"
+STATUS_BY_TYPE: dict[str, str | None] = {
+    "INITIAL_PURCHASE": ACCESS,
+    "RENEWAL": ACCESS,
+    "UNCANCELLATION": ACCESS,
+    "SUBSCRIPTION_EXTENDED": ACCESS,
+    "TEMPORARY_ENTITLEMENT_GRANT": ACCESS,
+    "REFUND_REVERSED": ACCESS,
+    "NON_RENEWING_PURCHASE": ACCESS,
+    "CANCELLATION": None,  # auto-renew off: access continues until EXPIRATION
+    "SUBSCRIPTION_PAUSED": None,  # Play pause at period end: access continues until EXPIRATION
+    "BILLING_ISSUE": "past_due",  # grace period: access continues
+    "EXPIRATION": "expired",
+}
+NO_CHANGE = {
+    "TEST": "test event from the RevenueCat dashboard",
+    "INVOICE_ISSUANCE": "invoice issued; no subscription change",
+    "VIRTUAL_CURRENCY_TRANSACTION": "virtual currency; no subscription change",
+    "EXPERIMENT_ENROLLMENT": "experiment enrollment; no subscription change",
+    "SUBSCRIBER_ALIAS": "legacy alias event; no subscription change",
+}
+# The allowlist: any other type is stored as ignored without being translated.
+ALLOWED_TYPES = frozenset({*STATUS_BY_TYPE, *NO_CHANGE, "PRODUCT_CHANGE", "TRANSFER"})
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def authenticate(header: str | None, expected: str) -> None:
+    """Raise WebhookUnauthorized unless `header` is exactly the configured value."""
+    if not expected:
+        raise WebhooksNotConfigured("REVENUECAT_WEBHOOK_AUTH is not set")
+    if header is None or not hmac.compare_digest(header.encode(), expected.encode()):
+        raise WebhookUnauthorized("the Authorization header is missing or wrong")
+
+
+def parse(body: bytes) -> Envelope:
+    """The delivery's envelope, or MalformedWebhook (nothing may be stored then)."""
+    try:
+        payload = body.decode("utf-8")
+        data = json.loads(payload)
+    except ValueError:  # UnicodeDecodeError is one
+        raise MalformedWebhook("the body is not UTF-8 JSON") from None
+    event = obj(data, "event")
+    if event is None:
+        raise MalformedWebhook('the body is not a RevenueCat event (an object with an "event" object)')
+    event_id, type_, at_ms = text(event, "id"), text(event, "type"), integer(event, "event_timestamp_ms")
+    if not event_id or len(event_id) > 255 or not type_ or len(type_) > 255:
+        raise MalformedWebhook("the event has no valid id or type")
+    if at_ms is None or not 0 <= at_ms < 2**50:
+        raise MalformedWebhook("the event has no valid event_timestamp_ms")
+    return Envelope(
+        provider=PROVIDER,
+        event_id=event_id,
+        type=type_,
+        occurred_at=EPOCH + timedelta(milliseconds=at_ms),
+        body=payload,
+        data=data,
+    )
+
+
+def translate(env: Envelope) -> Change:
+    """What a RevenueCat event asks of our state."""
+    event = obj(env.data, "event") or {}
+    match env.type:
+        case "TRANSFER":
+            return Transfer(
+                from_ids=texts(event.get("transferred_from")), to_ids=texts(event.get("transferred_to"))
+            )
+        case "PRODUCT_CHANGE":
+            return NoChange(
+                reason=f"product change to {text(event, 'new_product_id')!r} may not be in effect yet; "
+                "the tier changes with the RENEWAL or INITIAL_PURCHASE that makes it so"
+            )
+        case t if t in NO_CHANGE:
+            return NoChange(reason=NO_CHANGE[t])
+        case t if t in STATUS_BY_TYPE:
+            return _subscription(t, event)
+        case _:
+            return NoChange(reason="event type not handled")
+
+
+def _subscription(type_: str, event: dict[str, Any]) -> SubscriptionChange:
+    access = "trialing" if text(event, "period_type") == "TRIAL" else ACCESS
+    status = STATUS_BY_TYPE[type_]
+    if status == ACCESS:
+        status = access
+    if type_ == "CANCELLATION" and text(event, "cancel_reason") == "BILLING_ERROR":
+        status = "past_due"  # sent with BILLING_ISSUE: a failed charge, still in grace
+    entitlements = texts(event.get("entitlement_ids")) or texts([event.get("entitlement_id")])
+    return SubscriptionChange(
+        subscription_id=_subscription_id(event),
+        account_ids=texts(
+            [event.get("app_user_id"), event.get("original_app_user_id"), *_list(event, "aliases")]
+        ),
+        plan_keys=PlanKeys(
+            revenuecat_entitlements=entitlements, revenuecat_product=text(event, "product_id")
+        ),
+        status=status,
+        status_if_new=status or access,
+    )
+
+
+def _list(event: dict[str, Any], key: str) -> list[Any]:
+    value = event.get(key)
+    return value if isinstance(value, list) else []
+
+
+def _subscription_id(event: dict[str, Any]) -> str:
+    store = text(event, "store") or "UNKNOWN_STORE"
+    original = text(event, "original_transaction_id")
+    if original:
+        return f"{store}:{original}"
+    user = text(event, "original_app_user_id") or text(event, "app_user_id")
+    product = text(event, "product_id")
+    if not user or not product:
+        raise UntranslatableEvent("the event names no original_transaction_id, nor a user and product")
+    return f"{store}:{user}:{product}"

@@ -1,0 +1,185 @@
+"""Stripe webhooks: verify the `Stripe-Signature` header over the raw body, translate the event.
+
+Verification is the official library's `stripe.WebhookSignature.verify_header` (HMAC-SHA256 of
+"{t}.{body}", only `v1` signatures, constant-time compare), tried against every configured secret so
+that a rotation (one `v1` per active secret) passes. The library only bounds a timestamp's age, so
+one more than 300 s in the future is refused here as well.
+
+The verified body is read as plain JSON rather than through `stripe.Webhook.construct_event`: that
+builds typed StripeObjects, which costs about 1.3 ms per subscription event (versus 0.04 ms for
+`json.loads`) and buys nothing here, since we read a handful of fields. Those fields are read with
+type checks, as the API documents them for API version 2025-03-31 (basil) and later.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import stripe
+
+from service.billing.events import (
+    STATUSES,
+    Change,
+    CustomerLink,
+    Envelope,
+    NoChange,
+    PlanKeys,
+    SubscriptionChange,
+)
+from service.errors import InvalidSignature, MalformedWebhook, UntranslatableEvent, WebhooksNotConfigured
+from service.webhooks._json import obj, text
+
+PROVIDER = "stripe"
+TOLERANCE = 300  # seconds, in both directions
+
+SUBSCRIPTION_EVENTS = frozenset(
+    {
+        "customer.subscription.created",
+        "customer.subscription.updated",
+        "customer.subscription.deleted",
+        "customer.subscription.paused",
+        "customer.subscription.resumed",
+    }
+)
+INVOICE_EVENTS = frozenset(
+    {"invoice.paid", "invoice.payment_succeeded", "invoice.payment_failed", "invoice.payment_action_required"}
+)
+# The allowlist: any other type is stored as ignored without being translated.
+ALLOWED_TYPES = SUBSCRIPTION_EVENTS | INVOICE_EVENTS | {"checkout.session.completed"}
+
+# Stripe subscription status -> ours. incomplete_expired is terminal: the first invoice was never paid.
+STATUS = {s: s for s in STATUSES} | {"incomplete_expired": "expired"}
+# Statuses after which Stripe never reopens a subscription (a new one gets a new id).
+FINAL = frozenset({"canceled", "incomplete_expired"})
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def verify(body: bytes, header: str | None, secrets: Sequence[str], *, now: float | None = None) -> Envelope:
+    """The verified delivery, or InvalidSignature / MalformedWebhook (nothing may be stored then)."""
+    if not secrets:
+        raise WebhooksNotConfigured("STRIPE_WEBHOOK_SECRETS is not set")
+    if not header:
+        raise InvalidSignature("the Stripe-Signature header is missing")
+    signed_at = _timestamp(header)
+    now = time.time() if now is None else now
+    if abs(now - signed_at) > TOLERANCE:
+        raise InvalidSignature(f"the signature timestamp is more than {TOLERANCE} s from now")
+    try:
+        payload = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise MalformedWebhook("the body is not UTF-8") from None
+    if not any(_valid(payload, header, s) for s in secrets):
+        raise InvalidSignature("no v1 signature matches the body with a configured secret")
+    return _envelope(payload)
+
+
+def _timestamp(header: str) -> int:
+    for item in header.split(","):
+        key, _, value = item.strip().partition("=")
+        if key == "t":
+            try:
+                return int(value)
+            except ValueError:
+                break
+    raise InvalidSignature("the Stripe-Signature header has no valid t= timestamp")
+
+
+def _valid(payload: str, header: str, secret: str) -> bool:
+    try:
+        stripe.WebhookSignature.verify_header(payload, header, secret, tolerance=TOLERANCE)
+    except stripe.SignatureVerificationError:
+        return False
+    return True
+
+
+def _envelope(payload: str) -> Envelope:
+    try:
+        data = json.loads(payload)
+    except ValueError:
+        raise MalformedWebhook("the body is not JSON") from None
+    if not isinstance(data, dict) or data.get("object") != "event":
+        raise MalformedWebhook('the body is not a Stripe event (an object with "object": "event")')
+    event_id, type_, created = text(data, "id"), text(data, "type"), data.get("created")
+    if not event_id or len(event_id) > 255 or not type_ or len(type_) > 255:
+        raise MalformedWebhook("the event has no valid id or type")
+    if not isinstance(created, int) or isinstance(created, bool) or not 0 <= created < 2**40:
+        raise MalformedWebhook("the event has no valid created timestamp")
+    return Envelope(
+        provider=PROVIDER,
+        event_id=event_id,
+        type=type_,
+        occurred_at=EPOCH + timedelta(seconds=created),
+        body=payload,
+        data=data,
+    )
+
+
+def translate(env: Envelope) -> Change:
+    """What a verified Stripe event asks of our state."""
+    o = obj(env.data, "data", "object")
+    if o is None:
+        raise UntranslatableEvent("the event has no data.object")
+    match env.type:
+        case t if t in SUBSCRIPTION_EVENTS:
+            return _subscription(o)
+        case "checkout.session.completed":
+            return _link(
+                o,
+                accounts=(text(o, "client_reference_id"), text(o, "metadata", "account_id")),
+                what="checkout session",
+            )
+        case t if t in INVOICE_EVENTS:
+            details = obj(o, "parent", "subscription_details")
+            return _link(o, accounts=(text(details, "metadata", "account_id"),), what="invoice")
+        case _:
+            return NoChange(reason="event type not handled")
+
+
+def _subscription(sub: dict[str, Any]) -> SubscriptionChange:
+    sub_id, raw_status = text(sub, "id"), text(sub, "status")
+    if not sub_id:
+        raise UntranslatableEvent("the subscription has no id")
+    status = STATUS.get(raw_status or "")
+    if status is None:
+        raise UntranslatableEvent(f"unknown subscription status {raw_status!r}")
+    account = text(sub, "metadata", "account_id")
+    return SubscriptionChange(
+        subscription_id=sub_id,
+        account_ids=(account,) if account else (),
+        customer_id=_id(sub.get("customer")),
+        plan_keys=PlanKeys(stripe_prices=_prices(sub)),
+        status=status,
+        status_if_new=status,
+        final=raw_status in FINAL,
+    )
+
+
+def _prices(sub: dict[str, Any]) -> tuple[str, ...]:
+    """Lookup keys and ids of the subscription's item prices (the legacy `plan` mirror as fallback)."""
+    items = obj(sub, "items")
+    data = items.get("data") if items else None
+    keys: list[str] = []
+    for item in data if isinstance(data, list) else []:
+        price = obj(item, "price") or obj(item, "plan")
+        for key in (text(price, "lookup_key"), text(price, "id")):
+            if key and key not in keys:
+                keys.append(key)
+    return tuple(keys)
+
+
+def _link(o: dict[str, Any], *, accounts: tuple[str | None, ...], what: str) -> Change:
+    customer = _id(o.get("customer"))
+    named = tuple(dict.fromkeys(a for a in accounts if a))
+    if not customer or not named:
+        return NoChange(reason=f"the {what} names no customer and account to link")
+    return CustomerLink(customer_id=customer, account_ids=named)
+
+
+def _id(value: Any) -> str | None:
+    """An id field that may be expanded into its object."""
+    return text(value, "id") if isinstance(value, dict) else text(value)

@@ -1,0 +1,139 @@
+"""Helpers for webhook tests: fixtures loaded from tests/fixtures, signed with the test secrets the
+app is configured with (never a mocked verification), and small account helpers over HTTP."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from typing import Any
+
+import stripe
+
+from tests.conftest import FIXTURES, REVENUECAT_AUTH, STRIPE_SECRET
+
+SUB_ID = "sub_1RkT9xLt4dXK03v5aB7cD2eF"
+CUSTOMER = "cus_SfT9ab12CdEf34"
+STRIPE_ACCOUNT = "acc_7f3c21"
+
+
+def fixture(provider: str, name: str) -> dict[str, Any]:
+    return json.loads((FIXTURES / provider / f"{name}.json").read_text())
+
+
+def stripe_fixtures() -> list[str]:
+    return sorted(p.stem for p in (FIXTURES / "stripe").glob("*.json"))
+
+
+def revenuecat_fixtures() -> list[str]:
+    return sorted(p.stem for p in (FIXTURES / "revenuecat").glob("*.json"))
+
+
+def body_of(payload: dict[str, Any] | str | bytes) -> bytes:
+    if isinstance(payload, bytes):
+        return payload
+    if isinstance(payload, str):
+        return payload.encode()
+    return json.dumps(payload, indent=2).encode()
+
+
+def sign(body: bytes, *, secret: str = STRIPE_SECRET, timestamp: int | None = None) -> str:
+    return stripe.WebhookSignature.generate_signature_header(body.decode(), secret, timestamp=timestamp)
+
+
+def post_stripe(
+    client: Any,
+    payload: dict[str, Any] | str | bytes,
+    *,
+    secret: str = STRIPE_SECRET,
+    timestamp: int | None = None,
+    header: str | None = None,
+) -> Any:
+    body = body_of(payload)
+    headers = {"Content-Type": "application/json"}
+    sig = header if header is not None else sign(body, secret=secret, timestamp=timestamp)
+    if sig:
+        headers["Stripe-Signature"] = sig
+    return client.post("/webhooks/stripe", data=body, headers=headers)
+
+
+def post_revenuecat(
+    client: Any, payload: dict[str, Any] | str | bytes, *, auth: str | None = REVENUECAT_AUTH
+) -> Any:
+    headers = {"Content-Type": "application/json"}
+    if auth is not None:
+        headers["Authorization"] = auth
+    return client.post("/webhooks/revenuecat", data=body_of(payload), headers=headers)
+
+
+def stripe_subscription_event(
+    *,
+    event_id: str,
+    created: int,
+    status: str = "active",
+    price: str = "pro_monthly",
+    sub_id: str = SUB_ID,
+    account_id: str | None = STRIPE_ACCOUNT,
+    customer: str = CUSTOMER,
+    type_: str = "customer.subscription.updated",
+) -> dict[str, Any]:
+    """A subscription event shaped like the vendored fixture, with the fields a test varies."""
+    base = fixture(
+        "stripe", "customer.subscription.deleted" if status == "canceled" else "customer.subscription.updated"
+    )
+    event = copy.deepcopy(base)
+    event.update(id=event_id, created=created, type=type_)
+    event["data"].pop("previous_attributes", None)
+    sub = event["data"]["object"]
+    sub.update(
+        id=sub_id, status=status, customer=customer, metadata={"account_id": account_id} if account_id else {}
+    )
+    item = sub["items"]["data"][0]
+    item["subscription"] = sub_id
+    item["price"].update(id=f"price_{price}", lookup_key=price)
+    item["plan"].update(id=f"price_{price}")
+    return event
+
+
+def revenuecat_event(
+    name: str, *, event_id: str | None = None, at_ms: int | None = None, **fields: Any
+) -> dict[str, Any]:
+    event = fixture("revenuecat", name)
+    if event_id is not None:
+        event["event"]["id"] = event_id
+    if at_ms is not None:
+        event["event"]["event_timestamp_ms"] = at_ms
+    event["event"].update(fields)
+    return event
+
+
+def create_account(client: Any, keys: dict[str, dict[str, str]], account_id: str, **body: Any) -> None:
+    r = client.put(f"/v1/accounts/{account_id}", json={"kind": "user", **body}, headers=keys["product"])
+    assert r.status_code in (200, 201), r.json
+
+
+def account(client: Any, keys: dict[str, dict[str, str]], account_id: str) -> dict[str, Any]:
+    r = client.get(f"/v1/admin/accounts/{account_id}", headers=keys["admin"])
+    assert r.status_code == 200, r.json
+    return r.json
+
+
+def state(client: Any, keys: dict[str, dict[str, str]], account_id: str) -> tuple[str, str, int | None, str]:
+    """(plan, status, urls limit, urls limit_source) of the account."""
+    a = account(client, keys, account_id)
+    urls = a["limits"]["urls"]
+    return a["plan"], a["subscription_status"], urls["limit"], urls["limit_source"]
+
+
+def inbox(conn: Any) -> list[dict[str, Any]]:
+    from psycopg.rows import dict_row
+
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            "SELECT id, provider, event_id, type, status, error, note, account_id"
+            " FROM webhook_events ORDER BY id"
+        ).fetchall()
+
+
+def now() -> int:
+    return int(time.time())
