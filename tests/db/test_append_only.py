@@ -1,0 +1,74 @@
+"""The database itself refuses UPDATE, DELETE and TRUNCATE on the ledger and the audit log: a
+trigger stops even a superuser, and the application role lacks the privileges anyway."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from service.quota import takes
+from tests.db.helpers import new_account
+
+TABLES = ("ledger", "audit_log")
+CHANGES = {
+    "UPDATE": "UPDATE {t} SET actor = 'tampered'",
+    "DELETE": "DELETE FROM {t}",
+    "TRUNCATE": "TRUNCATE {t}",
+}
+
+
+@pytest.fixture
+def filled(conn, plans):
+    account = new_account(conn, plans)
+    takes.take(conn, plans, account_id=account, metric="urls", actor="t")
+    conn.execute(
+        "INSERT INTO audit_log (actor, action, account_id, old, new) VALUES ('t', 'x', %s, %s, %s)",
+        (account, Jsonb(None), Jsonb({"limit": 1})),
+    )
+    return conn
+
+
+def _snapshot(conn):
+    return [conn.execute(f"SELECT * FROM {t} ORDER BY id").fetchall() for t in TABLES]
+
+
+@pytest.mark.parametrize("table", TABLES)
+@pytest.mark.parametrize("change", CHANGES)
+def test_trigger_refuses_even_a_superuser(filled, table, change):
+    assert filled.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()[0]
+    before = _snapshot(filled)
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match=f"{table} is append-only: {change}"):
+        filled.execute(CHANGES[change].format(t=table))
+    assert _snapshot(filled) == before
+
+
+@pytest.mark.parametrize("table", TABLES)
+@pytest.mark.parametrize("change", CHANGES)
+def test_application_role_lacks_the_privilege(filled, table, change):
+    """Even with the triggers dropped, quota_app may not change a row."""
+    before = _snapshot(filled)
+    for t in TABLES:
+        filled.execute(f"DROP TRIGGER {t}_append_only ON {t}")
+        filled.execute(f"DROP TRIGGER {t}_no_truncate ON {t}")
+    filled.execute("SET ROLE quota_app")
+    try:
+        with pytest.raises(
+            psycopg.errors.InsufficientPrivilege, match=f"permission denied for table {table}"
+        ):
+            filled.execute(CHANGES[change].format(t=table))
+    finally:
+        filled.execute("RESET ROLE")
+    assert _snapshot(filled) == before
+
+
+def test_application_role_can_read_and_append(filled, plans):
+    filled.execute("SET ROLE quota_app")
+    try:
+        account = new_account(filled, plans)
+        t = takes.take(filled, plans, account_id=account, metric="urls", actor="t")
+        assert takes.release(filled, take_id=t.take_id, actor="t").released
+        filled.execute("INSERT INTO audit_log (actor, action) VALUES ('t', 'y')")
+        assert filled.execute("SELECT count(*) FROM ledger").fetchone()[0] == 3
+    finally:
+        filled.execute("RESET ROLE")
