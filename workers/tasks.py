@@ -20,11 +20,17 @@ def _connect(settings: Settings) -> Connection:
 
 @app.task(name="quota.monthly_reset")
 def monthly_reset(
-    period: str | None = None, batch_size: int = reset.DEFAULT_BATCH_SIZE, pause: float = 0.0
+    period: str | None = None,
+    at: str | None = None,
+    batch_size: int = reset.DEFAULT_BATCH_SIZE,
+    pause: float = 0.0,
 ) -> dict[str, object]:
-    """Reset every counter into `period` (default: the current UTC month), once."""
+    """Reset every counter into `period` (default: the UTC month of `at`, an ISO 8601 time,
+    default now), once."""
+    when = datetime.fromisoformat(at) if at else None
     with _connect(Settings.from_env()) as conn:
-        return reset.reset_month(conn, period=period, batch_size=batch_size, pause=pause).as_dict()
+        outcome = reset.reset_month(conn, period=period, at=when, batch_size=batch_size, pause=pause)
+    return outcome.as_dict()
 
 
 @app.task(name="quota.reset_catch_up")

@@ -237,4 +237,4 @@ def catch_up(
         )
         log.info("%s", result.message)
         return result
-    return reset_month(conn, period=period, batch_size=batch_size, pause=pause)
+    return reset_month(conn, period=period, at=at, batch_size=batch_size, pause=pause)
