@@ -44,7 +44,7 @@ BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     "plan-sync": {
         "task": "quota.plan_sync",
         "schedule": crontab(minute=15, hour=2),
-        "options": {"expires": 12 * 60 * 60},
+        "options": {"expires": 60 * 60},
     },
 }
 
