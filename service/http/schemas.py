@@ -6,8 +6,9 @@ from typing import Any
 
 from marshmallow import Schema, ValidationError, fields, validate
 
-ACCOUNT_ID = validate.Regexp(r"^[A-Za-z0-9._:@-]{1,128}$", error="1-128 characters of [A-Za-z0-9._:@-]")
-PERIOD = validate.Regexp(r"^[0-9]{4}-(0[1-9]|1[0-2])$", error="a calendar month, YYYY-MM")
+# \Z, not $: in Python `$` also matches before a trailing newline, which the database then refuses.
+ACCOUNT_ID = validate.Regexp(r"^[A-Za-z0-9._:@-]{1,128}\Z", error="1-128 characters of [A-Za-z0-9._:@-]")
+PERIOD = validate.Regexp(r"^[0-9]{4}-(0[1-9]|1[0-2])\Z", error="a calendar month, YYYY-MM")
 MAX_UNITS = 2**31 - 1
 
 
@@ -23,15 +24,29 @@ class StrictInt(fields.Integer):
         return super()._deserialize(value, attr, data, **kwargs)
 
 
+class Text(fields.String):
+    """A string Postgres can store: JSON allows NUL characters and lone surrogates, text columns do not."""
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> Any:
+        text = super()._deserialize(value, attr, data, **kwargs)
+        if "\x00" in text:
+            raise ValidationError("Must not contain NUL characters.")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValidationError("Not valid Unicode (lone surrogate).") from None
+        return text
+
+
 class AccountPut(Schema):
     kind = fields.String(required=True, validate=validate.OneOf(["user", "team"]))
-    stripe_customer_id = fields.String(validate=validate.Length(min=1, max=255), allow_none=True)
+    stripe_customer_id = Text(validate=validate.Length(min=1, max=255), allow_none=True)
 
 
 class TakeRequest(Schema):
-    metric = fields.String(required=True, validate=validate.Length(min=1, max=64))
+    metric = Text(required=True, validate=validate.Length(min=1, max=64))
     units = StrictInt(load_default=1, validate=validate.Range(min=1, max=MAX_UNITS))
-    idempotency_key = fields.String(validate=validate.Length(min=1, max=255), allow_none=True)
+    idempotency_key = Text(validate=validate.Length(min=1, max=255), allow_none=True)
 
 
 class OverridePut(Schema):
@@ -44,7 +59,7 @@ class OverridePut(Schema):
 
 
 class UsageQuery(Schema):
-    metric = fields.String(required=True, validate=validate.Length(min=1, max=64))
+    metric = Text(required=True, validate=validate.Length(min=1, max=64))
     period = fields.String(validate=PERIOD)
 
 
@@ -122,7 +137,7 @@ class PageQuery(Schema):
 
 class LedgerQuery(PageQuery):
     account_id = fields.String(validate=ACCOUNT_ID)
-    metric = fields.String(validate=validate.Length(min=1, max=64))
+    metric = Text(validate=validate.Length(min=1, max=64))
     period = fields.String(validate=PERIOD)
     kind = fields.String(validate=validate.OneOf(["take", "release", "reset"]))
 
@@ -136,7 +151,7 @@ class PeriodQuery(Schema):
 
 
 class ResetRequest(Schema):
-    metric = fields.String(required=True, validate=validate.Length(min=1, max=64))
+    metric = Text(required=True, validate=validate.Length(min=1, max=64))
 
 
 class LedgerEntry(Schema):

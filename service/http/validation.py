@@ -34,7 +34,7 @@ def load(schema: Schema, data: dict[str, Any]) -> dict[str, Any]:
 
 
 def account_id(value: str) -> str:
-    if not _ACCOUNT_ID.match(value):
+    if not _ACCOUNT_ID.fullmatch(value):  # not .match: `$` would let a trailing newline through
         raise ApiError(
             422,
             "validation_failed",

@@ -37,4 +37,4 @@ def resets_at(period: str) -> str:
 
 
 def is_period(s: str) -> bool:
-    return bool(PERIOD_RE.match(s))
+    return bool(PERIOD_RE.fullmatch(s))  # `$` alone would accept a trailing newline
