@@ -1,0 +1,99 @@
+"""The plan config: parsing, validation errors that name the bad entry, limits and lapsed rules."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from service.billing.plans import ACCESS_STATUSES, load_plans, parse_plans
+from service.errors import PlanConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+STATUSES = ("none", "trialing", "active", "past_due", "unpaid", "incomplete", "paused", "canceled", "expired")
+
+
+def _parse(text: str):
+    return parse_plans(tomllib.loads(text))
+
+
+def test_sample_and_test_configs_load():
+    for path in (ROOT / "plans.toml", ROOT / "tests" / "plans.toml"):
+        cfg = load_plans(path)
+        assert cfg.free_plan == "free"
+        assert {"free", "pro", "business"} <= set(cfg.plans)
+        assert cfg.metrics == tuple(sorted(cfg.metrics))
+
+
+def test_limits_unlimited_and_unlisted_metrics():
+    cfg = _parse(
+        """
+        free_plan = "starter"
+        [plans.starter]
+        limits = { urls = 5 }
+        [plans.max]
+        limits = { urls = "unlimited", seats = 0, exports = 3 }
+        stripe_prices = ["max_m"]
+        """
+    )
+    assert cfg.metrics == ("exports", "seats", "urls")
+    assert cfg.limits("starter") == {"exports": 0, "seats": 0, "urls": 5}  # unlisted = 0
+    assert cfg.limits("max") == {"exports": 3, "seats": 0, "urls": None}
+    assert cfg.limit("gone", "urls") == 5, "an unknown plan gets the free plan's limits"
+    assert cfg.plan_for_stripe_price(None, "max_m") == "max"
+    assert cfg.plan_for_stripe_price("nope") is None
+
+
+def test_lapsed_only_for_paid_plans_without_access():
+    cfg = load_plans(ROOT / "tests" / "plans.toml")
+    assert {"active", "trialing", "past_due"} == ACCESS_STATUSES
+    for status in STATUSES:
+        assert cfg.is_lapsed("free", status) is False
+        assert cfg.is_lapsed("pro", status) is (status not in ACCESS_STATUSES)
+
+
+def test_revenuecat_entitlement_wins_over_product():
+    cfg = load_plans(ROOT / "tests" / "plans.toml")
+    assert cfg.plan_for_revenuecat(["pro"], "basic:monthly") == "pro"
+    assert cfg.plan_for_revenuecat([], "basic:monthly") == "basic"
+    assert cfg.plan_for_revenuecat(["unknown"], None) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "plans"),
+        ('free_plan = "free"\n[plans]', "plans"),
+        ('free_plan = "gold"\n[plans.free]\nlimits = {}', "free_plan"),
+        ("[plans.free]\nlimits = {}", "free_plan"),
+        ('free_plan = "free"\n[plans.free]\nlimits = { urls = -1 }', "plans.free.limits.urls"),
+        ('free_plan = "free"\n[plans.free]\nlimits = { urls = 1.5 }', "plans.free.limits.urls"),
+        ('free_plan = "free"\n[plans.free]\nlimits = { urls = true }', "plans.free.limits.urls"),
+        ('free_plan = "free"\n[plans.free]\nlimits = { urls = "lots" }', "plans.free.limits.urls"),
+        ('free_plan = "free"\n[plans.free]\nlimits = 5', "plans.free.limits"),
+        ('free_plan = "free"\n[plans.free]\nlimit = {}', "unknown keys"),
+        ('free_plan = "free"\n[plans.free]\nstripe_prices = "p"', "plans.free.stripe_prices"),
+        ('free_plan = "free"\n[plans.free]\nstripe_prices = [""]', "plans.free.stripe_prices"),
+        (
+            'free_plan = "a"\n[plans.a]\nstripe_prices = ["p"]\n[plans.b]\nstripe_prices = ["p"]',
+            "maps to both",
+        ),
+    ],
+)
+def test_invalid_configs_name_the_bad_entry(text, message):
+    with pytest.raises(PlanConfigError, match=message):
+        _parse(text)
+
+
+def test_missing_or_broken_file(tmp_path):
+    with pytest.raises(PlanConfigError, match="not found"):
+        load_plans(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("free_plan = ")
+    with pytest.raises(PlanConfigError, match=r"bad\.toml"):
+        load_plans(bad)
+    binary = tmp_path / "bin.toml"
+    binary.write_bytes(b"\xff\xfe")
+    with pytest.raises(PlanConfigError):
+        load_plans(binary)
