@@ -108,14 +108,15 @@ UPDATE subscriptions s
 RETURNING s.subscription_id, s.prior_account_id
 
 -- name: accounts_lock
--- Serialises the recomputation of an account's tier and status; always in id order (no deadlock).
--- Runs after this transaction's subscription changes, so the next statement sees every
--- subscription committed before the lock was granted.
+-- Serialises the recomputation of an account's tier and status; always in id order. Runs after
+-- this transaction's subscription writes, so the next statement sees every subscription committed
+-- before the lock was granted. NO KEY UPDATE, not UPDATE: those writes hold FOR KEY SHARE on the
+-- account (the foreign key), which FOR UPDATE would wait on, deadlocking two such transactions.
 SELECT id, plan, subscription_status
   FROM accounts
  WHERE id = ANY(%(account_ids)s::text[])
  ORDER BY id
-   FOR UPDATE
+   FOR NO KEY UPDATE
 
 -- name: accounts_best_subscription
 -- Each account's deciding subscription: access (active, trialing) beats grace (past_due) beats
