@@ -13,6 +13,7 @@ then medians of throughput, p50 and p99, and the median of the per-repetition th
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import shlex
@@ -30,6 +31,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import psycopg  # noqa: E402
 from take_bench import (  # noqa: E402
     ACCOUNTS,
     BASELINE,
@@ -50,10 +52,77 @@ class WrkResult:
     p99_ms: float
     non_2xx: int
     errors: str
+    app_us: float = 0.0  # CPU of the web server's processes per request (microseconds)
+    db_us: float = 0.0  # CPU of its Postgres backends per request
 
     def __str__(self) -> str:
         bad = f", non-2xx {self.non_2xx}" if self.non_2xx else ""
-        return f"{self.rps:,.0f} req/s, p50 {self.p50_ms:.1f} ms, p99 {self.p99_ms:.1f} ms{bad}{self.errors}"
+        return (
+            f"{self.rps:,.0f} req/s, p50 {self.p50_ms:.1f} ms, p99 {self.p99_ms:.1f} ms, "
+            f"cpu/req app {self.app_us:.0f} us + db {self.db_us:.0f} us{bad}{self.errors}"
+        )
+
+
+TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """user + system CPU of these processes so far (Linux /proc; 0 elsewhere)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / TICK
+
+
+def process_tree(root: int) -> list[int]:
+    """root and its descendants (Linux /proc)."""
+    parent: dict[int, int] = {}
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            parent[int(d.name)] = int((d / "stat").read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    tree, todo = [root], [root]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        tree += kids
+        todo += kids
+    return tree
+
+
+def backends(db_url: str) -> list[int]:
+    """Pids of the client backends connected to db_url's database (the server's pool)."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+        ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def measured(url: str, db_url: str, server_pid: int, wrk_args: list[str], *req: object) -> WrkResult:
+    """run_wrk, plus the CPU the server's processes and their Postgres backends spent per request."""
+    app, db = process_tree(server_pid), backends(db_url)
+    a0, d0 = cpu_seconds(app), cpu_seconds(db)
+    r = run_wrk(url, wrk_args, *req)  # type: ignore[arg-type]
+    a1, d1 = cpu_seconds(app), cpu_seconds(db)
+    n = max(r.rps * wrk_seconds(wrk_args), 1)
+    return dataclasses.replace(r, app_us=(a1 - a0) / n * 1e6, db_us=(d1 - d0) / n * 1e6)
+
+
+def wrk_seconds(wrk_args: list[str]) -> float:
+    for i, a in enumerate(wrk_args):
+        v = a[2:] if a.startswith("-d") and len(a) > 2 else (wrk_args[i + 1] if a == "-d" else None)
+        if v:
+            m = re.fullmatch(r"([0-9.]+)([smh]?)", v)
+            if m:
+                return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+    return 10.0
 
 
 def _ms(value: str) -> float:
@@ -79,7 +148,8 @@ def medians(results: list[WrkResult]) -> str:
     med = statistics.median
     return (
         f"{med(r.rps for r in results):,.0f} req/s, p50 {med(r.p50_ms for r in results):.1f} ms, "
-        f"p99 {med(r.p99_ms for r in results):.1f} ms"
+        f"p99 {med(r.p99_ms for r in results):.1f} ms; cpu/req app {med(r.app_us for r in results):.0f} us"
+        f" + db {med(r.db_us for r in results):.0f} us"
     )
 
 
@@ -154,8 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         ours_req = ("/v1/accounts/{id}/takes", 1 if hot else ACCOUNTS)
         base_req = ("/take_hot" if hot else "/take", 1 if hot else ACCOUNTS)
         with ExitStack() as stack:
-            stack.enter_context(server(ours_cmd, cwd=ROOT, env=ours_env, log=log))
-            stack.enter_context(server(base_cmd, cwd=BASELINE, env=base_env, log=log))
+            ours_pid = stack.enter_context(server(ours_cmd, cwd=ROOT, env=ours_env, log=log)).pid
+            base_pid = stack.enter_context(server(base_cmd, cwd=BASELINE, env=base_env, log=log)).pid
             wait_ready(ours_url, "/v1/accounts/acct-1/takes", key)
             wait_ready(base_url, base_req[0], key)
             warm = [a for a in wrk_args if not a.startswith("-d")] + ["-d3s"]
@@ -167,9 +237,9 @@ def main(argv: list[str] | None = None) -> int:
                 got = {}
                 for side in sides:
                     if side == "ours":
-                        got[side] = run_wrk(ours_url, wrk_args, *ours_req, key)
+                        got[side] = measured(ours_url, ql, ours_pid, wrk_args, *ours_req, key)
                     else:
-                        got[side] = run_wrk(base_url, wrk_args, *base_req, key)
+                        got[side] = measured(base_url, bl, base_pid, wrk_args, *base_req, key)
                 runs.append((got["baseline"], got["ours"]))
                 print(
                     f"{phase} rep {rep + 1}: ours {got['ours']}; baseline {got['baseline']}; "

@@ -1,0 +1,309 @@
+"""Webhook benchmark: signed Stripe subscription events posted concurrently to
+`quota-ledger serve --workers 4`, against the baseline app.py `POST /take` under gunicorn with the
+same worker count, in the same run, on the same Postgres, with the same wrk settings.
+
+    python bench/webhooks.py [--reps 3] [--wrk "-t2 -c32 -d10s"] [--accounts 10000]
+
+Needs DATABASE_URL (any database on the server; this creates the scratch databases bench_wh and
+bench_wh_bl), wrk and psql on PATH. Run by hand; it is not a test.
+
+Every delivery is distinct (its own event id), signed with the configured secret just before its
+repetition, and newer than anything stored for its subscription, so every request takes the full
+path: verify, allowlist, dedupe, store, order, apply (tier and status through apply_plan), commit.
+Events are `customer.subscription.updated` for one subscription per account, spread uniformly over
+--accounts accounts, with a random price (basic or pro) and status (active, past_due, trialing).
+The bodies have the vendored fixture's full shape (about 4 kB).
+
+Prints each repetition, then medians of throughput, p50 and p99 (the acknowledgement latency a
+provider sees), and the median of the per-repetition throughput ratios (ours / baseline; target
+>= 0.5). Absolute figures move with the machine's load; the ratio is the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+BASELINE = HERE / "baseline"
+PLANS_FILE = HERE / "webhooks_plans.toml"
+LUA = HERE / "webhooks.lua"
+FIXTURE = ROOT / "tests" / "fixtures" / "stripe" / "customer.subscription.updated.json"
+SECRET = "whsec_bench_secret"
+sys.path.insert(0, str(ROOT))
+
+import psycopg  # noqa: E402
+import stripe  # noqa: E402
+
+from service.billing.plans import load_plans  # noqa: E402
+from service.migrate import migrate  # noqa: E402
+from service.quota import periods  # noqa: E402
+
+
+@dataclass(frozen=True)
+class WrkResult:
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    non_2xx: int
+    wraps: int
+    errors: str
+
+    def __str__(self) -> str:
+        bad = f", non-2xx {self.non_2xx}" if self.non_2xx else ""
+        wraps = f", REUSED DELIVERIES x{self.wraps}" if self.wraps else ""
+        tail = f"{bad}{wraps}{self.errors}"
+        return f"{self.rps:,.0f} req/s, p50 {self.p50_ms:.1f} ms, p99 {self.p99_ms:.1f} ms{tail}"
+
+
+def with_database(url: str, name: str) -> str:
+    return urlunsplit(urlsplit(url)._replace(path="/" + name))
+
+
+def recreate_database(pg: str, name: str) -> str:
+    with psycopg.connect(pg, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return with_database(pg, name)
+
+
+def account_name(i: int) -> str:
+    return f"acct-{i}"
+
+
+def setup(pg: str, accounts: int) -> tuple[str, str]:
+    """Scratch databases: ours (migrated, `accounts` free accounts with their counters) and the
+    baseline's (baseline/schema.sql). Returns their URLs."""
+    ours = recreate_database(pg, "bench_wh")
+    migrate(ours)
+    plans = load_plans(PLANS_FILE)
+    metrics = list(plans.metrics)
+    with psycopg.connect(ours, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO accounts (id, kind, plan)"
+            " SELECT 'acct-' || g, 'user', %s FROM generate_series(1, %s) g",
+            (plans.free_plan, accounts),
+        )
+        conn.execute(
+            "INSERT INTO quotas (account_id, metric, plan_limit, free_limit, period)"
+            " SELECT 'acct-' || g, m.metric, m.lim, m.lim, %s"
+            "   FROM generate_series(1, %s) g, unnest(%s::text[], %s::bigint[]) AS m (metric, lim)",
+            (periods.current_period(), accounts, metrics, [plans.limit(plans.free_plan, m) for m in metrics]),
+        )
+        conn.execute("VACUUM ANALYZE")
+    base = recreate_database(pg, "bench_wh_bl")
+    subprocess.run(
+        ["psql", "-q", "-v", "ON_ERROR_STOP=1", "-f", str(BASELINE / "schema.sql"), base],
+        check=True,
+        capture_output=True,
+    )
+    return ours, base
+
+
+class Deliveries:
+    """Signed `customer.subscription.updated` deliveries, each with a new event id and a `created`
+    newer than every earlier one, so each applies."""
+
+    def __init__(self, accounts: int) -> None:
+        self.accounts = accounts
+        self.event = json.loads(FIXTURE.read_text())
+        self.event["data"].pop("previous_attributes", None)
+        self.seq = 0
+        self.created = 1_800_000_000
+
+    def write(self, path: Path, n: int) -> None:
+        event, sub = self.event, self.event["data"]["object"]
+        item = sub["items"]["data"][0]
+        signed_at = int(time.time())
+        with open(path, "w") as out:
+            for _ in range(n):
+                self.seq += 1
+                self.created += 1
+                a = random.randint(1, self.accounts)
+                price = random.choice(("basic_monthly", "pro_monthly"))
+                event.update(id=f"evt_bench_{self.seq}", created=self.created)
+                sub.update(
+                    id=f"sub_bench_{a}",
+                    status=random.choice(("active", "active", "past_due", "trialing")),
+                    metadata={"account_id": account_name(a)},
+                )
+                item["price"].update(id=f"price_{price}", lookup_key=price)
+                item["plan"].update(id=f"price_{price}")
+                body = json.dumps(event, separators=(",", ":"))
+                header = stripe.WebhookSignature.generate_signature_header(body, SECRET, timestamp=signed_at)
+                out.write(f"{header}\t{body}\n")
+
+
+def _ms(value: str) -> float:
+    m = re.fullmatch(r"([0-9.]+)(us|ms|s|m)", value)
+    if not m:
+        raise ValueError(value)
+    return float(m.group(1)) * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}[m.group(2)]
+
+
+def run_wrk(url: str, wrk_args: list[str], script: Path, *script_args: str) -> WrkResult:
+    cmd = ["wrk", *wrk_args, "--latency", "-s", str(script), url, "--", *script_args]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+
+    def find(pattern: str) -> str:
+        m = re.search(pattern, out, re.M)
+        if not m:
+            raise RuntimeError(f"unexpected wrk output:\n{out}")
+        return m.group(1)
+
+    non = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    wraps = re.search(r"^Wraps: (\d+)", out, re.M)
+    err = re.search(r"Socket errors:.*", out)
+    return WrkResult(
+        rps=float(find(r"Requests/sec:\s+([0-9.]+)")),
+        p50_ms=_ms(find(r"^\s+50%\s+(\S+)")),
+        p99_ms=_ms(find(r"^\s+99%\s+(\S+)")),
+        non_2xx=int(non.group(1)) if non else 0,
+        wraps=int(wraps.group(1)) if wraps else 0,
+        errors=f", {err.group(0)}" if err else "",
+    )
+
+
+def wrk_threads(wrk_args: list[str]) -> int:
+    for i, a in enumerate(wrk_args):
+        v = a[2:] if a.startswith("-t") and len(a) > 2 else (wrk_args[i + 1] if a == "-t" else None)
+        if v:
+            return int(v)
+    return 2
+
+
+def wrk_seconds(wrk_args: list[str]) -> float:
+    for i, a in enumerate(wrk_args):
+        v = a[2:] if a.startswith("-d") and len(a) > 2 else (wrk_args[i + 1] if a == "-d" else None)
+        if v:
+            m = re.fullmatch(r"([0-9.]+)([smh]?)", v)
+            if m:
+                return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+    return 10.0
+
+
+def wait_ready(url: str, timeout: float = 30) -> None:
+    deadline = time.time() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except urllib.error.HTTPError:
+            return  # it answers
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+            if time.time() > deadline:
+                raise RuntimeError(f"{url} not ready: {e}") from None
+        time.sleep(0.3)
+
+
+@contextmanager
+def server(cmd: list[str], *, cwd: Path, env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[Any]]:
+    with open(log, "ab") as out:
+        p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield p
+    finally:
+        p.send_signal(signal.SIGTERM)  # gunicorn: graceful stop of the arbiter and its workers
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def inbox_counts(url: str) -> dict[str, int]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return dict(conn.execute("SELECT status, count(*) FROM webhook_events GROUP BY 1").fetchall())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pg", default=os.environ.get("DATABASE_URL"), help="Postgres server URL")
+    ap.add_argument("--redis", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--wrk", default="-t2 -c32 -d10s", help="wrk settings, the same for both servers")
+    ap.add_argument("--accounts", type=int, default=10_000)
+    ap.add_argument("--max-rate", type=int, default=4000, help="deliveries signed per second of a run")
+    ap.add_argument("--port", type=int, default=8111, help="ours on PORT, the baseline on PORT+1")
+    ap.add_argument("--log", default=str(HERE / "webhooks_bench.log"), help="server output goes here")
+    args = ap.parse_args(argv)
+    if not args.pg:
+        ap.error("give --pg URL or set DATABASE_URL")
+    print("setting up bench_wh and bench_wh_bl ...", flush=True)
+    ours_db, base_db = setup(args.pg, args.accounts)
+    wrk_args = shlex.split(args.wrk)
+    threads, seconds = wrk_threads(wrk_args), wrk_seconds(wrk_args)
+    log = Path(args.log)
+    ours_url, base_url = f"http://127.0.0.1:{args.port}", f"http://127.0.0.1:{args.port + 1}"
+    py = sys.executable
+    ours_env = {
+        **os.environ,
+        "DATABASE_URL": ours_db,
+        "REDIS_URL": args.redis,
+        "PLANS_FILE": str(PLANS_FILE),
+        "STRIPE_WEBHOOK_SECRETS": SECRET,
+    }
+    ours_env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # serve makes its own
+    base_env = {**os.environ, "DATABASE_URL": base_db}
+    ours_cmd = [py, "-m", "service.cli", "serve", "--bind", ours_url[7:], "--workers", str(args.workers)]
+    base_cmd = [py, "-m", "gunicorn", "-w", str(args.workers), "-b", base_url[7:], "app:app"]
+    deliveries = Deliveries(args.accounts)
+    runs: list[tuple[WrkResult, WrkResult]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-wh-") as tmp, ExitStack() as stack:
+        file = Path(tmp) / "deliveries.txt"
+        stack.enter_context(server(ours_cmd, cwd=ROOT, env=ours_env, log=log))
+        stack.enter_context(server(base_cmd, cwd=BASELINE, env=base_env, log=log))
+        wait_ready(ours_url + "/healthz")
+        wait_ready(base_url + "/noop")
+        warm = [a for a in wrk_args if not a.startswith("-d")] + ["-d3s"]
+        deliveries.write(file, args.max_rate * 3)
+        run_wrk(ours_url, warm, LUA, str(file), str(threads))  # every worker connected, code warm
+        run_wrk(base_url + "/take", warm, BASELINE / "post.lua")
+        for rep in range(args.reps):
+            got: dict[str, WrkResult] = {}
+            for side in ("baseline", "ours") if rep % 2 == 0 else ("ours", "baseline"):
+                if side == "ours":
+                    deliveries.write(file, int(args.max_rate * seconds))  # signed now: within 300 s
+                    got[side] = run_wrk(ours_url, wrk_args, LUA, str(file), str(threads))
+                else:
+                    got[side] = run_wrk(base_url + "/take", wrk_args, BASELINE / "post.lua")
+            runs.append((got["baseline"], got["ours"]))
+            print(
+                f"rep {rep + 1}: ours {got['ours']}; baseline {got['baseline']}; "
+                f"ratio {got['ours'].rps / got['baseline'].rps:.2f}",
+                flush=True,
+            )
+    med = statistics.median
+    ours_runs, base_runs = [o for _, o in runs], [b for b, _ in runs]
+    print(f"inbox after the runs: {inbox_counts(ours_db)}")
+    for name, rs in (("ours", ours_runs), ("baseline", base_runs)):
+        print(
+            f"median {name}: {med(r.rps for r in rs):,.0f} req/s, "
+            f"p50 {med(r.p50_ms for r in rs):.1f} ms, p99 {med(r.p99_ms for r in rs):.1f} ms"
+        )
+    print(f"median ratio ours/baseline: {med(o.rps / b.rps for b, o in runs):.2f} (target >= 0.5)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
