@@ -200,3 +200,15 @@ def test_release_in_a_later_period_before_any_take_there_is_period_closed(conn, 
     c = counter(conn, account, METRIC)
     assert (c["period"], c["used"]) == ("2024-01", 3)
     assert len(ledger_rows(conn, account)) == 1
+
+
+def test_a_metric_added_to_the_config_later_gets_its_counter_on_first_take(conn, plans):
+    account = new_account(conn, plans)
+    conn.execute("DELETE FROM quotas WHERE account_id = %s AND metric = 'seats'", (account,))
+
+    t = takes.take(conn, plans, account_id=account, metric="seats", actor="t")
+
+    assert (t.used, t.limit, t.limit_source) == (1, 1, "plan")
+    with pytest.raises(QuotaExhausted):
+        takes.take(conn, plans, account_id=account, metric="seats", actor="t")
+    assert_counter_matches_ledger(conn, account, "seats")

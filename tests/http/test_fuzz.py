@@ -49,7 +49,12 @@ FUZZ = settings(
 
 
 @FUZZ
-@given(body=bodies, content_type=st.sampled_from(["application/json", "text/plain", None]))
+@given(
+    body=bodies,
+    content_type=st.sampled_from(
+        ["application/json", "text/plain", "application/x-www-form-urlencoded", "multipart/form-data", None]
+    ),
+)
 def test_take_endpoint_never_answers_5xx(client, keys, account, conn, body, content_type):
     headers = dict(keys["product"])
     if content_type:

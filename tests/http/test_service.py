@@ -88,3 +88,8 @@ def test_routing_404_and_405_have_json_bodies(client, keys):
     assert_error(r, 405, "method_not_allowed")
     assert "POST" in r.headers["Allow"]
     assert_error(client.get("/v1/takes/1/release", headers=keys["product"]), 405)
+
+
+def test_oversized_body_is_413_with_a_json_body(client, keys):
+    r = client.post("/v1/accounts/acc-1/takes", data=b"x" * (1024 * 1024 + 1), headers=keys["product"])
+    assert_error(r, 413)
