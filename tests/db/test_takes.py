@@ -212,3 +212,34 @@ def test_a_metric_added_to_the_config_later_gets_its_counter_on_first_take(conn,
     with pytest.raises(QuotaExhausted):
         takes.take(conn, plans, account_id=account, metric="seats", actor="t")
     assert_counter_matches_ledger(conn, account, "seats")
+
+
+def test_an_override_lowered_during_concurrent_takes_is_never_overshot(conn, plans, connect):
+    from service.quota import overrides
+
+    account = new_account(conn, plans)
+    set_override(conn, account, METRIC, 40)
+    conns = connect(41)
+    setter = conns[0]
+
+    def go(c):
+        if c is setter:
+            return overrides.set_override(c, plans, account_id=account, metric=METRIC, limit=3, actor="admin")
+        try:
+            return _take(conn=c, plans=plans, account=account).used
+        except QuotaExhausted:
+            return "refused"
+
+    results = race(conns, go)
+
+    assert [r for r in results if isinstance(r, BaseException)] == []
+    rows = ledger_rows(conn, account, kind="take")
+    assert all(r["used_after"] <= r["lim"] for r in rows)
+    assert {r["lim"] for r in rows} <= {40, 3}
+    # once the lower limit is in, nothing more is granted over it
+    after = [r for r in rows if r["lim"] == 3]
+    assert all(r["used_after"] <= 3 for r in after)
+    c = assert_counter_matches_ledger(conn, account, METRIC)
+    assert c["used"] == len(rows) == 40 - results[1:].count("refused")
+    with pytest.raises(QuotaExhausted):
+        _take(conn, plans, account)
