@@ -4,17 +4,19 @@ account's plan tier and subscription status, which follow its subscriptions.
 Only tier and status change on an account (through `accounts.apply_plan`); no usage counter, ledger
 row or override is touched here. Everything runs in the caller's transaction.
 
-Lock order, so that concurrent events cannot deadlock and never lose a recomputation: first the
-subscription rows this change writes, then the affected accounts in id order. Each transaction
-recomputes its accounts after its own subscription writes, under the account locks, so the last one
-to get a lock sees every subscription committed before it.
+Concurrency: an event first resolves its account and locks it (FOR NO KEY UPDATE) until commit,
+then writes the subscription and decides the account's tier and status from all its subscriptions.
+Every change to an account's subscriptions holds that lock, so each decision sees every other change
+committed before it. Rarer paths that touch several accounts (a transfer, a subscription that moved
+from another account) lock those accounts as they go and recompute them; a deadlock there is
+retried by the inbox.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from psycopg.rows import dict_row
+from psycopg.rows import class_row, dict_row
 
 from service.billing.events import (
     Change,
@@ -70,6 +72,15 @@ def apply_change(
             return _transfer(conn, plans, env, change, actor=actor)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Resolved:
+    """The account an event is for, locked for this transaction, with its tier and status."""
+
+    id: str
+    plan: str
+    subscription_status: str
+
+
 def resolve_account(
     conn: Connection,
     *,
@@ -77,19 +88,20 @@ def resolve_account(
     account_ids: tuple[str, ...],
     subscription_id: str | None = None,
     customer_id: str | None = None,
-) -> str | None:
+) -> Resolved | None:
     """The first existing account among the ids the event names, the subscription's owner, and the
-    customer's linked account (product link first). None: unmatched. Never creates an account."""
-    row = conn.execute(
-        Q.resolve_account,
-        {
-            "provider": provider,
-            "account_ids": list(account_ids),
-            "subscription_id": subscription_id,
-            "customer_id": customer_id,
-        },
-    ).fetchone()
-    return None if row is None else str(row[0])
+    customer's linked account (product link first), locked until commit. None: unmatched. Never
+    creates an account."""
+    with conn.cursor(row_factory=class_row(Resolved)) as cur:
+        return cur.execute(
+            Q.resolve_account,
+            {
+                "provider": provider,
+                "account_ids": list(account_ids),
+                "subscription_id": subscription_id,
+                "customer_id": customer_id,
+            },
+        ).fetchone()
 
 
 def _subscription(
@@ -114,41 +126,35 @@ def _subscription(
     notes = []
     if plan is None and change.plan_keys != PlanKeys():
         notes.append(f"{change.plan_keys.describe()} map to no plan in the plan config; plan unchanged")
-    row = conn.execute(
-        Q.subscription_upsert,
-        {
-            "provider": env.provider,
-            "subscription_id": sub,
-            "account_id": account,
-            "plan": plan,
-            "status": change.status,
-            "status_if_new": change.status_if_new,
-            "final": change.final,
-            "event_at": env.occurred_at,
-            "event_id": env.event_id,
-        },
-    ).fetchone()
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(
+            Q.subscription_apply,
+            {
+                "provider": env.provider,
+                "subscription_id": sub,
+                "account_id": account.id,
+                "plan": plan,
+                "status": change.status,
+                "status_if_new": change.status_if_new,
+                "final": change.final,
+                "event_at": env.occurred_at,
+                "event_id": env.event_id,
+                "customer_id": customer if env.provider == "stripe" else None,
+            },
+        ).fetchone()
+    done = Outcome(status="applied", account_id=account.id, subscription_id=sub, customer_id=customer)
     if row is None:
-        return Outcome(
-            status="ignored",
-            account_id=account,
-            subscription_id=sub,
-            customer_id=customer,
-            note=_stale_note(conn, env, sub),
-        )
-    if customer and env.provider == "stripe":
-        linked = _link_customer(conn, env, customer_id=customer, account_id=account)
-        if linked != account:
-            notes.append(f"customer {customer!r} stays linked to account {linked!r}")
-    prior = row[1]
-    follow_subscriptions(conn, plans, {account, str(prior or account)}, actor=actor)
-    return Outcome(
-        status="applied",
-        account_id=account,
-        subscription_id=sub,
-        customer_id=customer,
-        note="; ".join(notes) or None,
-    )
+        return replace(done, status="ignored", note=_stale_note(conn, env, sub))
+    linked = row["customer_account_id"]
+    if linked is not None and linked != account.id:
+        notes.append(f"customer {customer!r} stays linked to account {linked!r}")
+    new_plan, new_status = row["best_plan"] or account.plan, row["best_status"]
+    if (new_plan, new_status) != (account.plan, account.subscription_status):
+        apply_plan(conn, plans, account_id=account.id, plan=new_plan, status=new_status, actor=actor)
+    prior = row["prior_account_id"]
+    if prior is not None and prior != account.id:  # the subscription moved here from another account
+        follow_subscriptions(conn, plans, {prior}, actor=actor)
+    return replace(done, note="; ".join(notes) or None)
 
 
 def _link(conn: Connection, env: Envelope, change: CustomerLink) -> Outcome:
@@ -159,37 +165,32 @@ def _link(conn: Connection, env: Envelope, change: CustomerLink) -> Outcome:
             customer_id=change.customer_id,
             note=_unmatched_note(change.account_ids, None),
         )
-    linked = _link_customer(conn, env, customer_id=change.customer_id, account_id=account)
-    note = None
-    if linked != account:
-        note = f"customer {change.customer_id!r} stays linked to account {linked!r}"
-    return Outcome(status="applied", account_id=account, customer_id=change.customer_id, note=note)
-
-
-def _link_customer(conn: Connection, env: Envelope, *, customer_id: str, account_id: str) -> str:
-    """Link the customer to the account unless it is linked already; the account it is linked to."""
     row = conn.execute(
         Q.customer_link,
         {
             "provider": env.provider,
-            "customer_id": customer_id,
-            "account_id": account_id,
+            "customer_id": change.customer_id,
+            "account_id": account.id,
             "event_id": env.event_id,
         },
     ).fetchone()
-    return account_id if row is None else str(row[0])
+    note = None
+    if row is not None and row[0] != account.id:
+        note = f"customer {change.customer_id!r} stays linked to account {row[0]!r}"
+    return Outcome(status="applied", account_id=account.id, customer_id=change.customer_id, note=note)
 
 
 def _transfer(conn: Connection, plans: PlanConfig, env: Envelope, change: Transfer, *, actor: str) -> Outcome:
     target = resolve_account(conn, provider=env.provider, account_ids=change.to_ids)
     if target is None:
         return Outcome(status="unmatched", note=_unmatched_note(change.to_ids, None))
+    conn.execute(Q.accounts_lock, {"account_ids": sorted(set(change.from_ids) - {target.id})})
     moved = conn.execute(
         Q.subscriptions_transfer,
         {
             "provider": env.provider,
             "from_ids": list(change.from_ids),
-            "account_id": target,
+            "account_id": target.id,
             "event_at": env.occurred_at,
             "event_id": env.event_id,
         },
@@ -197,16 +198,16 @@ def _transfer(conn: Connection, plans: PlanConfig, env: Envelope, change: Transf
     if not moved:
         return Outcome(
             status="applied",
-            account_id=target,
+            account_id=target.id,
             note=f"no stored subscription of {list(change.from_ids)} to move; "
             "the destination's tier follows its next event",
         )
     sources = {str(r[1]) for r in moved}
-    follow_subscriptions(conn, plans, {target, *sources}, actor=actor)
+    follow_subscriptions(conn, plans, {target.id, *sources}, actor=actor)
     subs = ", ".join(str(r[0]) for r in moved)
     return Outcome(
         status="applied",
-        account_id=target,
+        account_id=target.id,
         subscription_id=str(moved[0][0]) if len(moved) == 1 else None,
         note=f"moved {subs} from {sorted(sources)}",
     )
@@ -214,7 +215,7 @@ def _transfer(conn: Connection, plans: PlanConfig, env: Envelope, change: Transf
 
 def follow_subscriptions(conn: Connection, plans: PlanConfig, account_ids: set[str], *, actor: str) -> None:
     """Set each account's tier and status from its deciding subscription (an active one wins over
-    ended ones), through `apply_plan`, where they differ. Call after the subscription writes."""
+    ended ones), through `apply_plan`, where they differ. Locks the accounts first (id order)."""
     ids = sorted(account_ids)
     accounts = conn.execute(Q.accounts_lock, {"account_ids": ids}).fetchall()
     with conn.cursor(row_factory=dict_row) as cur:

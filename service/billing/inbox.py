@@ -6,10 +6,12 @@ all in one short transaction. Dedupe is the unique (provider, event_id) constrai
 store and apply it once.
 
 Failure handling: a verified event is always stored. If applying it fails (its contents cannot be
-read, or a bug), the change is rolled back to a savepoint and the row is committed as `failed` with
+read, or a bug), the transaction is rolled back and the row is then stored alone as `failed` with
 the error, and the provider gets a 200: a retry would only be a duplicate of a stored row, so an
-admin replays it once the cause is fixed. Only when the row itself cannot be stored (the database is
-unreachable) does the request fail (503), so that the provider retries the delivery.
+admin replays it once the cause is fixed. (Rolling back and storing again costs nothing on the
+normal path, where a savepoint around every apply would cost two round trips.) Only when the row
+itself cannot be stored (the database is unreachable) does the request fail (503), so that the
+provider retries the delivery.
 """
 
 from __future__ import annotations
@@ -64,22 +66,38 @@ class StoredEvent:
     attempts: int
 
 
+class _ApplyFailed(Exception):
+    """Applying the event failed; its transaction was rolled back."""
+
+    def __init__(self, error: str) -> None:
+        super().__init__(error)
+        self.error = error
+
+
 def receive(
     conn: Connection, plans: PlanConfig, env: Envelope, *, allowed: bool, translate: Translate
 ) -> Receipt:
     """Store and apply one verified delivery. Types outside the allowlist are stored as ignored."""
     if not allowed:
-        row = _insert(conn, env, status="ignored", note="event type not handled")
-        if row is None:
-            return _duplicate(conn, env)
-        return Receipt(id=row, status="ignored")
-    with transaction(conn):
-        row = _insert(conn, env, status="received", note=None)
-        if row is None:
-            return _duplicate(conn, env)
-        outcome = _apply(conn, plans, env, translate, actor=f"webhook:{env.provider}:{env.event_id}")
-        _finish(conn, row, outcome, replay=False)
-    return Receipt(id=row, status=outcome.status)
+        return _store(conn, env, status="ignored", note="event type not handled")
+    actor = f"webhook:{env.provider}:{env.event_id}"
+    for attempt in range(1, RETRIES + 1):
+        try:
+            with transaction(conn):
+                row = _insert(conn, env, status="received")
+                if row is None:
+                    return _duplicate(conn, env)
+                outcome = _apply(conn, plans, env, translate, actor=actor)
+                _finish(conn, row, outcome, replay=False)
+            return Receipt(id=row, status=outcome.status)
+        except _ApplyFailed as e:
+            # Rolled back, change and row alike: store the row alone, as failed.
+            return _store(conn, env, status="failed", error=e.error)
+        except psycopg.errors.TransactionRollback as e:  # deadlock, serialization failure
+            if attempt == RETRIES:
+                raise
+            log.warning("retrying %s event %s after %s", env.provider, env.event_id, type(e).__name__)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def replay(
@@ -92,22 +110,31 @@ def replay(
 ) -> StoredEvent:
     """Apply a stored event again (e.g. once its account exists). The ordering rules hold as for a
     delivery: an event older than a subscription's stored state changes nothing."""
-    with transaction(conn):
-        with conn.cursor(row_factory=dict_row) as cur:
-            row = cur.execute(Q.inbox_for_replay, {"id": inbox_id}).fetchone()
-        if row is None:
-            raise UnknownEvent(f"no stored webhook event has id {inbox_id}")
-        env = Envelope(
-            provider=row["provider"],
-            event_id=row["event_id"],
-            type=row["type"],
-            occurred_at=row["occurred_at"],
-            body=json.dumps(row["payload"]),
-            data=row["payload"],
-        )
-        by = f"replay:{actor}:{env.provider}:{env.event_id}"
-        outcome = _apply(conn, plans, env, translate_for(env.provider), actor=by)
-        _finish(conn, inbox_id, outcome, replay=True)
+    for attempt in range(1, RETRIES + 1):
+        try:
+            with transaction(conn):
+                with conn.cursor(row_factory=dict_row) as cur:
+                    row = cur.execute(Q.inbox_for_replay, {"id": inbox_id}).fetchone()
+                if row is None:
+                    raise UnknownEvent(f"no stored webhook event has id {inbox_id}")
+                env = Envelope(
+                    provider=row["provider"],
+                    event_id=row["event_id"],
+                    type=row["type"],
+                    occurred_at=row["occurred_at"],
+                    body=json.dumps(row["payload"]),
+                    data=row["payload"],
+                )
+                by = f"replay:{actor}:{env.provider}:{env.event_id}"
+                outcome = _apply(conn, plans, env, translate_for(env.provider), actor=by)
+                _finish(conn, inbox_id, outcome, replay=True)
+            break
+        except _ApplyFailed as e:
+            conn.execute(Q.inbox_failed, {"id": inbox_id, "error": e.error})
+            break
+        except psycopg.errors.TransactionRollback:
+            if attempt == RETRIES:
+                raise
     return get(conn, inbox_id)
 
 
@@ -134,7 +161,9 @@ def page(
         ).fetchall()
 
 
-def _insert(conn: Connection, env: Envelope, *, status: str, note: str | None) -> int | None:
+def _insert(
+    conn: Connection, env: Envelope, *, status: str, note: str | None = None, error: str | None = None
+) -> int | None:
     row = conn.execute(
         Q.inbox_insert,
         {
@@ -143,11 +172,20 @@ def _insert(conn: Connection, env: Envelope, *, status: str, note: str | None) -
             "type": env.type,
             "occurred_at": env.occurred_at,
             "status": status,
+            "error": error,
             "note": note,
             "payload": env.body,
         },
     ).fetchone()
     return None if row is None else int(str(row[0]))
+
+
+def _store(
+    conn: Connection, env: Envelope, *, status: str, note: str | None = None, error: str | None = None
+) -> Receipt:
+    """Store the row with its final status in one statement (nothing to apply)."""
+    row = _insert(conn, env, status=status, note=note, error=error)
+    return _duplicate(conn, env) if row is None else Receipt(id=row, status=status)
 
 
 def _duplicate(conn: Connection, env: Envelope) -> Receipt:
@@ -160,24 +198,18 @@ def _duplicate(conn: Connection, env: Envelope) -> Receipt:
 def _apply(
     conn: Connection, plans: PlanConfig, env: Envelope, translate: Translate, *, actor: str
 ) -> Outcome:
-    """Translate and apply inside a savepoint; a failure rolls back the change, not the inbox row."""
-    for attempt in range(1, RETRIES + 1):
-        try:
-            with conn.transaction():
-                return apply_change(conn, plans, env, translate(env), actor=actor)
-        except psycopg.errors.TransactionRollback as e:  # deadlock, serialization failure
-            if attempt == RETRIES:
-                raise
-            log.warning("retrying %s event %s after %s", env.provider, env.event_id, type(e).__name__)
-        except psycopg.OperationalError:
-            raise  # the connection is gone: nothing can be stored; the provider retries
-        except QuotaError as e:
-            log.warning("%s event %s failed: %s", env.provider, env.event_id, e.message)
-            return Outcome(status="failed", error=e.message)
-        except Exception as e:
-            log.exception("%s event %s failed", env.provider, env.event_id)
-            return Outcome(status="failed", error=f"{type(e).__name__}: {e}")
-    raise AssertionError("unreachable")  # pragma: no cover
+    """Translate and apply. A failure becomes _ApplyFailed, which rolls the caller's transaction
+    back; errors of the connection itself propagate (nothing can be stored: the provider retries)."""
+    try:
+        return apply_change(conn, plans, env, translate(env), actor=actor)
+    except psycopg.OperationalError:
+        raise  # includes TransactionRollback (deadlock), retried by the caller
+    except QuotaError as e:
+        log.warning("%s event %s failed: %s", env.provider, env.event_id, e.message)
+        raise _ApplyFailed(e.message) from e
+    except Exception as e:
+        log.exception("%s event %s failed", env.provider, env.event_id)
+        raise _ApplyFailed(f"{type(e).__name__}: {e}") from e
 
 
 def _finish(conn: Connection, inbox_id: int, outcome: Outcome, *, replay: bool) -> None:

@@ -4,14 +4,21 @@
 -- Dedupe and persist in one statement: no row back means this (provider, event_id) is stored
 -- already. A concurrent copy waits on the unique index until the first one commits, then gets
 -- nothing back too, so ten simultaneous deliveries store and apply one event.
-INSERT INTO webhook_events (provider, event_id, type, occurred_at, status, note, payload, processed_at)
-VALUES (%(provider)s, %(event_id)s, %(type)s, %(occurred_at)s, %(status)s, %(note)s, %(payload)s::jsonb,
-        CASE WHEN %(status)s <> 'received' THEN now() END)
+INSERT INTO webhook_events (provider, event_id, type, occurred_at, status, error, note, payload,
+                            processed_at)
+VALUES (%(provider)s, %(event_id)s, %(type)s, %(occurred_at)s, %(status)s, %(error)s, %(note)s,
+        %(payload)s::jsonb, CASE WHEN %(status)s <> 'received' THEN now() END)
 ON CONFLICT (provider, event_id) DO NOTHING
 RETURNING id
 
 -- name: inbox_status
 SELECT id, status FROM webhook_events WHERE provider = %(provider)s AND event_id = %(event_id)s
+
+-- name: inbox_failed
+-- A replay whose apply failed (and was rolled back): record why.
+UPDATE webhook_events
+   SET status = 'failed', error = %(error)s, attempts = attempts + 1, processed_at = now()
+ WHERE id = %(id)s
 
 -- name: inbox_finish
 UPDATE webhook_events
@@ -46,7 +53,10 @@ SELECT id, provider, event_id, type, status, error, note, account_id, subscripti
 -- name: resolve_account
 -- The first known account among, in this order: the ids the event names, the subscription's
 -- current owner, the customer linked by the product (accounts.stripe_customer_id), the customer
--- linked by an earlier event.
+-- linked by an earlier event. Locks it (only the row returned): every change to an account's
+-- subscriptions holds this lock from here to commit, so the statements after it see every other
+-- change to them. NO KEY UPDATE, not UPDATE: it must not wait on the FOR KEY SHARE locks that
+-- foreign keys to accounts take.
 WITH candidate (account_id, rank) AS (
     SELECT u.id, u.n FROM unnest(%(account_ids)s::text[]) WITH ORDINALITY AS u (id, n)
     UNION ALL
@@ -59,37 +69,68 @@ WITH candidate (account_id, rank) AS (
     SELECT account_id, 3000 FROM customer_links
      WHERE provider = %(provider)s AND customer_id = %(customer_id)s
 )
-SELECT a.id
+SELECT a.id, a.plan, a.subscription_status
   FROM candidate c JOIN accounts a ON a.id = c.account_id
  ORDER BY c.rank
  LIMIT 1
+   FOR NO KEY UPDATE OF a
 
--- name: subscription_upsert
--- The ordering rule, in one statement under the subscription's row lock. An event applies if it is
--- newer than the stored one; at equal provider time (Stripe `created` has 1 s resolution) an ended
--- status wins, so every delivery order ends in the same state. A `final` subscription (Stripe
--- canceled) is never reopened, not even by a newer event. No row back: not applied.
--- `status` NULL keeps the stored status. `prior_account_id` is set from the row being replaced, so
--- RETURNING tells the caller whose subscription this was.
-INSERT INTO subscriptions AS s (provider, subscription_id, account_id, plan, status, final, event_at,
-                                event_id)
-VALUES (%(provider)s, %(subscription_id)s, %(account_id)s, %(plan)s,
-        coalesce(%(status)s, %(status_if_new)s), %(final)s, %(event_at)s, %(event_id)s)
-ON CONFLICT (provider, subscription_id) DO UPDATE
-   SET prior_account_id = s.account_id,
-       account_id = EXCLUDED.account_id,
-       plan = coalesce(EXCLUDED.plan, s.plan),
-       status = coalesce(%(status)s, s.status),
-       final = EXCLUDED.final,
-       event_at = EXCLUDED.event_at,
-       event_id = EXCLUDED.event_id,
-       updated_at = now()
- WHERE NOT (s.final AND NOT EXCLUDED.final)
-   AND (s.event_at < EXCLUDED.event_at
-        OR s.event_at = EXCLUDED.event_at
-           AND (coalesce(%(status)s, s.status) IN ('canceled', 'expired')
-                OR s.status NOT IN ('canceled', 'expired')))
-RETURNING account_id, prior_account_id, plan, status
+-- name: subscription_apply
+-- One statement for a subscription event, under the account lock taken by resolve_account:
+-- `up`: the ordering rule, under the subscription's row lock. An event applies if it is newer than
+--   the stored one; at equal provider time (Stripe `created` has 1 s resolution) an ended status
+--   wins, so every delivery order ends in the same state. A `final` subscription (Stripe canceled)
+--   is never reopened, not even by a newer event. `status` NULL keeps the stored status.
+--   `prior_account_id` takes the replaced row's owner, so RETURNING says whose it was.
+-- `link`: the customer is linked to the account unless it is linked already.
+-- `best`: the account's deciding subscription after this change (the CTE's own write is not
+--   visible to the other parts of the statement, so `up` stands in for its stored row): access
+--   (active, trialing) beats grace (past_due) beats lapsed (paused, unpaid, incomplete) beats ended
+--   (canceled, expired); then the newest event.
+-- No row back: the event was not applied (older, or the subscription ended for good).
+WITH up AS (
+    INSERT INTO subscriptions AS s (provider, subscription_id, account_id, plan, status, final, event_at,
+                                    event_id)
+    VALUES (%(provider)s, %(subscription_id)s, %(account_id)s, %(plan)s,
+            coalesce(%(status)s, %(status_if_new)s), %(final)s, %(event_at)s, %(event_id)s)
+    ON CONFLICT (provider, subscription_id) DO UPDATE
+       SET prior_account_id = s.account_id,
+           account_id = EXCLUDED.account_id,
+           plan = coalesce(EXCLUDED.plan, s.plan),
+           status = coalesce(%(status)s, s.status),
+           final = EXCLUDED.final,
+           event_at = EXCLUDED.event_at,
+           event_id = EXCLUDED.event_id,
+           updated_at = now()
+     WHERE NOT (s.final AND NOT EXCLUDED.final)
+       AND (s.event_at < EXCLUDED.event_at
+            OR s.event_at = EXCLUDED.event_at
+               AND (coalesce(%(status)s, s.status) IN ('canceled', 'expired')
+                    OR s.status NOT IN ('canceled', 'expired')))
+    RETURNING subscription_id, prior_account_id, plan, status, event_at
+), link AS (
+    INSERT INTO customer_links (provider, customer_id, account_id, event_id)
+    SELECT %(provider)s, %(customer_id)s, %(account_id)s, %(event_id)s
+     WHERE %(customer_id)s::text IS NOT NULL AND EXISTS (SELECT FROM up)
+    ON CONFLICT (provider, customer_id) DO NOTHING
+    RETURNING account_id
+), best AS (
+    SELECT c.plan, c.status
+      FROM (SELECT subscription_id, plan, status, event_at FROM subscriptions
+             WHERE account_id = %(account_id)s
+               AND NOT (provider = %(provider)s AND subscription_id = %(subscription_id)s)
+            UNION ALL
+            SELECT subscription_id, plan, status, event_at FROM up) c
+     ORDER BY CASE c.status WHEN 'active' THEN 0 WHEN 'trialing' THEN 0 WHEN 'past_due' THEN 1
+                            WHEN 'canceled' THEN 3 WHEN 'expired' THEN 3 ELSE 2 END,
+              c.event_at DESC, c.subscription_id
+     LIMIT 1
+)
+SELECT up.prior_account_id, best.plan AS best_plan, best.status AS best_status,
+       coalesce((SELECT account_id FROM link),
+                (SELECT account_id FROM customer_links
+                  WHERE provider = %(provider)s AND customer_id = %(customer_id)s)) AS customer_account_id
+  FROM up, best
 
 -- name: subscription_get
 SELECT account_id, plan, status, final, event_at, event_id
@@ -108,10 +149,8 @@ UPDATE subscriptions s
 RETURNING s.subscription_id, s.prior_account_id
 
 -- name: accounts_lock
--- Serialises the recomputation of an account's tier and status; always in id order. Runs after
--- this transaction's subscription writes, so the next statement sees every subscription committed
--- before the lock was granted. NO KEY UPDATE, not UPDATE: those writes hold FOR KEY SHARE on the
--- account (the foreign key), which FOR UPDATE would wait on, deadlocking two such transactions.
+-- The account lock of resolve_account for several accounts (transfers, a subscription's previous
+-- owner), always in id order. The next statement sees every subscription committed before it.
 SELECT id, plan, subscription_status
   FROM accounts
  WHERE id = ANY(%(account_ids)s::text[])
@@ -119,8 +158,7 @@ SELECT id, plan, subscription_status
    FOR NO KEY UPDATE
 
 -- name: accounts_best_subscription
--- Each account's deciding subscription: access (active, trialing) beats grace (past_due) beats
--- lapsed (paused, unpaid, incomplete) beats ended (canceled, expired); then the newest event.
+-- Each account's deciding subscription, ranked as in subscription_apply.
 SELECT DISTINCT ON (account_id) account_id, plan, status
   FROM subscriptions
  WHERE account_id = ANY(%(account_ids)s::text[])
