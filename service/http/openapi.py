@@ -6,8 +6,8 @@ every /v1 route of the app is documented.
 
 from __future__ import annotations
 
-from functools import cache
 from collections.abc import Mapping
+from functools import cache
 from typing import Any
 
 from apispec import APISpec

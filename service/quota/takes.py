@@ -131,8 +131,18 @@ def take(
                 period=period,
                 limit_source=why["limit_source"],
             )
-    # Only reachable if the counter keeps changing under us; the client may simply retry.
-    raise QuotaExhausted("the counter changed during the take; retry", period=period)
+    # Only reachable if the counter keeps changing under us (releases racing the diagnosis): refuse
+    # with the last state seen; the client may simply retry.
+    assert why is not None  # every pass that gets here has read the counter
+    used, limit = why["used"], why["limit"]
+    raise QuotaExhausted(
+        "the counter kept changing during the take; retry",
+        used=used,
+        limit=limit,
+        remaining=None if limit is None else max(limit - used, 0),
+        period=period,
+        limit_source=why["limit_source"],
+    )
 
 
 def release(conn: Connection, *, take_id: int, actor: str, period: str | None = None) -> Release:
