@@ -66,16 +66,21 @@ class WrkResult:
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    """user + system CPU of these processes so far (Linux /proc; 0 elsewhere)."""
-    total = 0
+def cpu_seconds(pids: list[int]) -> dict[int, float]:
+    """user + system CPU seconds of each of these processes so far (Linux /proc; empty elsewhere)."""
+    out = {}
     for pid in pids:
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
         except OSError:
             continue
-        total += int(fields[11]) + int(fields[12])
-    return total / TICK
+        out[pid] = (int(fields[11]) + int(fields[12])) / TICK
+    return out
+
+
+def cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU spent between two readings by the processes alive at both."""
+    return sum(after[p] - before[p] for p in before.keys() & after.keys())
 
 
 def process_tree(root: int) -> list[int]:
@@ -112,7 +117,7 @@ def measured(url: str, db_url: str, server_pid: int, wrk_args: list[str], *req: 
     r = run_wrk(url, wrk_args, *req)  # type: ignore[arg-type]
     a1, d1 = cpu_seconds(app), cpu_seconds(db)
     n = max(r.rps * wrk_seconds(wrk_args), 1)
-    return dataclasses.replace(r, app_us=(a1 - a0) / n * 1e6, db_us=(d1 - d0) / n * 1e6)
+    return dataclasses.replace(r, app_us=cpu_delta(a0, a1) / n * 1e6, db_us=cpu_delta(d0, d1) / n * 1e6)
 
 
 def wrk_seconds(wrk_args: list[str]) -> float:
@@ -247,9 +252,11 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
         ratios = [o.rps / b.rps for b, o in runs]
+        cpu = [(o.app_us + o.db_us) / max(b.app_us + b.db_us, 1) for b, o in runs]
         summary.append(
             f"{phase} ({args.wrk}, {args.workers} workers, {args.reps} reps): throughput ratio median "
             f"{statistics.median(ratios):.2f} (runs {', '.join(f'{r:.2f}' for r in ratios)})\n"
+            f"  CPU per request, ours / baseline (app + db): median {statistics.median(cpu):.2f}\n"
             f"  ours:     {medians([o for _, o in runs])}\n"
             f"  baseline: {medians([b for b, _ in runs])}"
         )
