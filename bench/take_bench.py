@@ -21,6 +21,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -152,6 +153,29 @@ def run_takes(url: str, *, threads: int, procs: int, seconds: float, hot: bool) 
     return sum(results) / seconds
 
 
+def our_take_script(tmp: Path, *, hot: bool) -> Path:
+    """Our `take` statement (service/sql/quota.sql) as a pgbench script: the database-side cost of
+    our schema (text ids, generated limit columns, a wider ledger row with three indexes) with no
+    Python in the loop, for comparison with the baseline's statement."""
+    from service.db import Q
+
+    aid = "1" if hot else ":aid"
+    sql = Q.take
+    for name, value in {
+        "account_id": f"('acct-' || {aid})",
+        "metric": f"'{METRIC}'",
+        "units": "1",
+        "period": f"'{periods.current_period()}'",
+        "idempotency_key": "NULL::text",
+        "actor": "'bench'",
+    }.items():
+        sql = sql.replace(f"%({name})s", value)
+    body = "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
+    path = tmp / ("take_ours_hot.sql" if hot else "take_ours_spread.sql")
+    path.write_text(("" if hot else f"\\set aid random(1, {ACCOUNTS})\n") + body + ";\n")
+    return path
+
+
 def run_pgbench(url: str, script: str, *, clients: int, seconds: float) -> float:
     cmd = ["pgbench", "-n", "-c", str(clients), "-j", "2", "-T", str(int(seconds)), "-f", script, url]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
@@ -182,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
         "--procs", type=int, nargs="+", default=[1, 2], help="process counts to run the threads in"
     )
     ap.add_argument("--no-hot", action="store_true", help="skip the hot-row variant")
+    ap.add_argument(
+        "--no-sql", action="store_true", help="skip pgbench running our take statement (database-side cost)"
+    )
     ap.add_argument("--no-setup", action="store_true", help="reuse bench_ql / bench_bl as they are")
     args = ap.parse_args(argv)
     if not args.pg:
@@ -195,7 +222,25 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_hot:
         variants.append(("hot", True, "take_hot.sql"))
     summary = []
+    tmp = Path(tempfile.mkdtemp(prefix="bench-take-"))
     for name, hot, script in variants:
+        if not args.no_sql:
+            ours_sql = str(our_take_script(tmp, hot=hot))
+            sql_pairs: list[tuple[float, float]] = []
+            for rep in range(args.reps):
+                order = [(bl, str(BASELINE / script)), (ql, ours_sql)]
+                got_sql = [
+                    run_pgbench(db, f, clients=args.threads, seconds=args.seconds)
+                    for db, f in (order if rep % 2 == 0 else order[::-1])
+                ]
+                b, o = got_sql if rep % 2 == 0 else got_sql[::-1]
+                sql_pairs.append((b, o))
+                print(
+                    f"{name} pgbench, our statement vs the baseline's, rep {rep + 1}: "
+                    f"{o:,.0f} vs {b:,.0f} tps, ratio {o / b:.2f}",
+                    flush=True,
+                )
+            summary.append(compare(f"{name}, our take statement under pgbench (no Python)", sql_pairs))
         for procs in args.procs:
             pairs: list[tuple[float, float]] = []
             for rep in range(args.reps):
