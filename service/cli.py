@@ -328,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     reset = sub.add_parser("reset-month", help="run the monthly reset now (a no-op once done)")
     reset.add_argument("--period", type=period_arg, metavar="YYYY-MM", help="default: the current UTC month")
-    reset.add_argument("--batch-size", type=int, default=5000, help="counters per transaction")
+    reset.add_argument("--batch-size", type=int, default=2000, help="counters per transaction")
     reset.add_argument("--pause", type=float, default=0.0, help="seconds to sleep between batches")
     reset.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     reset.set_defaults(func=cmd_reset_month)

@@ -40,7 +40,7 @@ ACTOR = "system:monthly_reset"
 # 'qlresets'). Registry of the service's advisory lock keys: this one and
 # service.quota.plan_sync.PLAN_SYNC_LOCK_KEY. Never derive keys from hashtext().
 RESET_LOCK_KEY = 0x716C_7265_7365_7473
-DEFAULT_BATCH_SIZE = 5000
+DEFAULT_BATCH_SIZE = 2000
 # A batch that loses a deadlock (e.g. against a plan sync locking the same rows) is retried.
 _RETRIES = 5
 
