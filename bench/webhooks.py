@@ -2,7 +2,7 @@
 `quota-ledger serve --workers 4`, against the baseline app.py `POST /take` under gunicorn with the
 same worker count, in the same run, on the same Postgres, with the same wrk settings.
 
-    python bench/webhooks.py [--reps 3] [--wrk "-t2 -c32 -d10s"] [--accounts 10000]
+    python bench/webhooks.py [--reps 3] [--wrk "-t2 -c32 -d10s"] [--accounts 10000] [--change-rate 1.0]
 
 Needs DATABASE_URL (any database on the server; this creates the scratch databases bench_wh and
 bench_wh_bl), wrk and psql on PATH. Run by hand; it is not a test.
@@ -11,8 +11,11 @@ Every delivery is distinct (its own event id), signed with the configured secret
 repetition, and newer than anything stored for its subscription, so every request takes the full
 path: verify, allowlist, dedupe, store, order, apply (tier and status through apply_plan), commit.
 Events are `customer.subscription.updated` for one subscription per account, spread uniformly over
---accounts accounts, with a random price (basic or pro) and status (active, past_due, trialing).
-The bodies have the vendored fixture's full shape (about 4 kB).
+--accounts accounts (each starts on Basic, active). --change-rate is the share of events that move
+their subscription to another price (basic, pro) or status (active, past_due, trialing), so that the
+account's tier or status changes (apply_plan, audit rows); the others repeat the subscription's
+state, as renewals do. The default, 1.0, is the worst case. The bodies have the vendored fixture's
+full shape (about 4 kB).
 
 Prints each repetition, then medians of throughput, p50 and p99 (the acknowledgement latency a
 provider sees), and the median of the per-repetition throughput ratios (ours / baseline; target
@@ -49,6 +52,8 @@ PLANS_FILE = HERE / "webhooks_plans.toml"
 LUA = HERE / "webhooks.lua"
 FIXTURE = ROOT / "tests" / "fixtures" / "stripe" / "customer.subscription.updated.json"
 SECRET = "whsec_bench_secret"
+PRICES = ("basic_monthly", "pro_monthly")
+STATUSES = ("active", "past_due", "trialing")
 sys.path.insert(0, str(ROOT))
 
 import psycopg  # noqa: E402
@@ -91,23 +96,37 @@ def account_name(i: int) -> str:
 
 
 def setup(pg: str, accounts: int) -> tuple[str, str]:
-    """Scratch databases: ours (migrated, `accounts` free accounts with their counters) and the
-    baseline's (baseline/schema.sql). Returns their URLs."""
+    """Scratch databases: ours (migrated; `accounts` accounts on Basic, each with an active Stripe
+    subscription stored, as after its first event) and the baseline's (baseline/schema.sql)."""
     ours = recreate_database(pg, "bench_wh")
     migrate(ours)
     plans = load_plans(PLANS_FILE)
     metrics = list(plans.metrics)
     with psycopg.connect(ours, autocommit=True) as conn:
         conn.execute(
-            "INSERT INTO accounts (id, kind, plan)"
-            " SELECT 'acct-' || g, 'user', %s FROM generate_series(1, %s) g",
-            (plans.free_plan, accounts),
+            "INSERT INTO accounts (id, kind, plan, subscription_status)"
+            " SELECT 'acct-' || g, 'user', 'basic', 'active' FROM generate_series(1, %s) g",
+            (accounts,),
         )
         conn.execute(
             "INSERT INTO quotas (account_id, metric, plan_limit, free_limit, period)"
-            " SELECT 'acct-' || g, m.metric, m.lim, m.lim, %s"
-            "   FROM generate_series(1, %s) g, unnest(%s::text[], %s::bigint[]) AS m (metric, lim)",
-            (periods.current_period(), accounts, metrics, [plans.limit(plans.free_plan, m) for m in metrics]),
+            " SELECT 'acct-' || g, m.metric, m.lim, m.free, %s"
+            "   FROM generate_series(1, %s) g,"
+            "        unnest(%s::text[], %s::bigint[], %s::bigint[]) AS m (metric, lim, free)",
+            (
+                periods.current_period(),
+                accounts,
+                metrics,
+                [plans.limit("basic", m) for m in metrics],
+                [plans.limit(plans.free_plan, m) for m in metrics],
+            ),
+        )
+        conn.execute(
+            "INSERT INTO subscriptions"
+            " (provider, subscription_id, account_id, plan, status, event_at, event_id)"
+            " SELECT 'stripe', 'sub_bench_' || g, 'acct-' || g, 'basic', 'active', now() - interval '1 day',"
+            "        'evt_seed_' || g FROM generate_series(1, %s) g",
+            (accounts,),
         )
         conn.execute("VACUUM ANALYZE")
     base = recreate_database(pg, "bench_wh_bl")
@@ -119,16 +138,22 @@ def setup(pg: str, accounts: int) -> tuple[str, str]:
     return ours, base
 
 
+STATES = [(price, status) for price in PRICES for status in STATUSES]
+
+
 class Deliveries:
     """Signed `customer.subscription.updated` deliveries, each with a new event id and a `created`
-    newer than every earlier one, so each applies."""
+    newer than every earlier one, so each applies. With probability `change_rate` an event moves
+    its subscription to another (price, status), which changes the account's tier or status
+    (apply_plan runs); otherwise it repeats the subscription's state, as a renewal does."""
 
-    def __init__(self, accounts: int) -> None:
-        self.accounts = accounts
+    def __init__(self, accounts: int, change_rate: float) -> None:
+        self.accounts, self.change_rate = accounts, change_rate
         self.event = json.loads(FIXTURE.read_text())
         self.event["data"].pop("previous_attributes", None)
         self.seq = 0
-        self.created = 1_800_000_000
+        self.created = int(time.time())
+        self.state = dict.fromkeys(range(1, accounts + 1), ("basic_monthly", "active"))
 
     def write(self, path: Path, n: int) -> None:
         event, sub = self.event, self.event["data"]["object"]
@@ -139,13 +164,11 @@ class Deliveries:
                 self.seq += 1
                 self.created += 1
                 a = random.randint(1, self.accounts)
-                price = random.choice(("basic_monthly", "pro_monthly"))
+                if random.random() < self.change_rate:
+                    self.state[a] = random.choice([s for s in STATES if s != self.state[a]])
+                price, status = self.state[a]
                 event.update(id=f"evt_bench_{self.seq}", created=self.created)
-                sub.update(
-                    id=f"sub_bench_{a}",
-                    status=random.choice(("active", "active", "past_due", "trialing")),
-                    metadata={"account_id": account_name(a)},
-                )
+                sub.update(id=f"sub_bench_{a}", status=status, metadata={"account_id": account_name(a)})
                 item["price"].update(id=f"price_{price}", lookup_key=price)
                 item["plan"].update(id=f"price_{price}")
                 body = json.dumps(event, separators=(",", ":"))
@@ -243,6 +266,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--wrk", default="-t2 -c32 -d10s", help="wrk settings, the same for both servers")
     ap.add_argument("--accounts", type=int, default=10_000)
+    ap.add_argument(
+        "--change-rate",
+        type=float,
+        default=1.0,
+        help="share of events that change their subscription's price or status (1.0: every one)",
+    )
     ap.add_argument("--max-rate", type=int, default=4000, help="deliveries signed per second of a run")
     ap.add_argument("--port", type=int, default=8111, help="ours on PORT, the baseline on PORT+1")
     ap.add_argument("--log", default=str(HERE / "webhooks_bench.log"), help="server output goes here")
@@ -267,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     base_env = {**os.environ, "DATABASE_URL": base_db}
     ours_cmd = [py, "-m", "service.cli", "serve", "--bind", ours_url[7:], "--workers", str(args.workers)]
     base_cmd = [py, "-m", "gunicorn", "-w", str(args.workers), "-b", base_url[7:], "app:app"]
-    deliveries = Deliveries(args.accounts)
+    deliveries = Deliveries(args.accounts, args.change_rate)
     runs: list[tuple[WrkResult, WrkResult]] = []
     with tempfile.TemporaryDirectory(prefix="bench-wh-") as tmp, ExitStack() as stack:
         file = Path(tmp) / "deliveries.txt"

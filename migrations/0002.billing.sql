@@ -24,11 +24,21 @@ CREATE TABLE webhook_events (
     customer_id     text,
     attempts        integer NOT NULL DEFAULT 1,     -- 1 + replays
     processed_at    timestamptz,
-    payload         jsonb NOT NULL,                 -- the body as received
+    payload         json NOT NULL,                  -- the body as received, byte for byte
     UNIQUE (provider, event_id)
 );
-CREATE INDEX webhook_events_status ON webhook_events (status, id);
-CREATE INDEX webhook_events_provider ON webhook_events (provider, id);
+-- Support's queue: what needs a look. Other pages scan the primary key; every delivery writes this
+-- table, so it carries no index it does not need.
+CREATE INDEX webhook_events_attention ON webhook_events (status, id) WHERE status IN ('unmatched', 'failed');
+-- lz4 compresses a stored body several times faster than the default pglz; a server built without
+-- lz4 keeps pglz.
+DO $$
+BEGIN
+    ALTER TABLE webhook_events ALTER COLUMN payload SET COMPRESSION lz4;
+EXCEPTION WHEN feature_not_supported THEN
+    NULL;
+END
+$$;
 
 -- One row per provider subscription: the plan and status its newest applied event gave it, and
 -- that event's provider time. An event older than `event_at` is not applied; a `final` subscription
@@ -61,5 +71,24 @@ CREATE TABLE customer_links (
     PRIMARY KEY (provider, customer_id)
 );
 CREATE INDEX customer_links_account ON customer_links (account_id);
+
+-- The accounts an event may be for, best first: the ids it names (in its order), the subscription's
+-- current owner, the customer linked by the product (accounts.stripe_customer_id), the customer
+-- linked by an earlier event. Unknown ids are included; callers join accounts. A plain SQL
+-- function, inlined by the planner into the queries that use it.
+CREATE FUNCTION billing_account_candidates(
+    p_provider text, p_account_ids text[], p_subscription_id text, p_customer_id text
+) RETURNS TABLE (account_id text, rank bigint) LANGUAGE sql STABLE AS $$
+    SELECT u.id, u.n FROM unnest(p_account_ids) WITH ORDINALITY AS u (id, n)
+    UNION ALL
+    SELECT s.account_id, 1000 FROM subscriptions s
+     WHERE s.provider = p_provider AND s.subscription_id = p_subscription_id
+    UNION ALL
+    SELECT a.id, 2000 FROM accounts a
+     WHERE p_provider = 'stripe' AND a.stripe_customer_id = p_customer_id
+    UNION ALL
+    SELECT l.account_id, 3000 FROM customer_links l
+     WHERE l.provider = p_provider AND l.customer_id = p_customer_id
+$$;
 
 GRANT SELECT, INSERT, UPDATE ON webhook_events, subscriptions, customer_links TO quota_app;

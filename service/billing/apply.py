@@ -57,64 +57,88 @@ def plan_for(plans: PlanConfig, keys: PlanKeys) -> str | None:
     return None
 
 
-def apply_change(
-    conn: Connection, plans: PlanConfig, env: Envelope, change: Change, *, actor: str
-) -> Outcome:
-    """Apply `change` (translated from `env`) and say what happened."""
-    match change:
-        case NoChange(reason=reason):
-            return Outcome(status="ignored", note=reason)
-        case SubscriptionChange():
-            return _subscription(conn, plans, env, change, actor=actor)
-        case CustomerLink():
-            return _link(conn, env, change)
-        case Transfer():
-            return _transfer(conn, plans, env, change, actor=actor)
+@dataclass(frozen=True, kw_only=True)
+class Lookup:
+    """What names the account a change is for (see billing_account_candidates)."""
+
+    account_ids: tuple[str, ...]
+    subscription_id: str | None = None
+    customer_id: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
 class Resolved:
-    """The account an event is for, locked for this transaction, with its tier and status."""
+    """The account a change is for, locked until commit, with its tier and status."""
 
     id: str
     plan: str
     subscription_status: str
 
 
-def resolve_account(
-    conn: Connection,
-    *,
-    provider: str,
-    account_ids: tuple[str, ...],
-    subscription_id: str | None = None,
-    customer_id: str | None = None,
-) -> Resolved | None:
-    """The first existing account among the ids the event names, the subscription's owner, and the
-    customer's linked account (product link first), locked until commit. None: unmatched. Never
-    creates an account."""
+def lookup(change: SubscriptionChange | CustomerLink | Transfer) -> Lookup:
+    """How to find the account `change` is for."""
+    match change:
+        case SubscriptionChange():
+            return Lookup(
+                account_ids=change.account_ids,
+                subscription_id=change.subscription_id,
+                customer_id=change.customer_id,
+            )
+        case CustomerLink():
+            return Lookup(account_ids=change.account_ids)
+        case Transfer():
+            return Lookup(account_ids=change.to_ids)
+
+
+def lookup_params(provider: str, keys: Lookup) -> dict[str, object]:
+    return {
+        "provider": provider,
+        "account_ids": list(keys.account_ids),
+        "subscription_id": keys.subscription_id,
+        "customer_id": keys.customer_id,
+    }
+
+
+def resolve_account(conn: Connection, provider: str, keys: Lookup) -> Resolved | None:
+    """The first existing account `keys` name (the ids in order, the subscription's owner, the
+    customer's linked account, product link first), locked until commit. None: unmatched. Never
+    creates an account. (A delivery does this in the statement that stores it.)"""
     with conn.cursor(row_factory=class_row(Resolved)) as cur:
-        return cur.execute(
-            Q.resolve_account,
-            {
-                "provider": provider,
-                "account_ids": list(account_ids),
-                "subscription_id": subscription_id,
-                "customer_id": customer_id,
-            },
-        ).fetchone()
+        return cur.execute(Q.resolve_account, lookup_params(provider, keys)).fetchone()
+
+
+def apply_change(
+    conn: Connection,
+    plans: PlanConfig,
+    env: Envelope,
+    change: Change,
+    account: Resolved | None,
+    *,
+    actor: str,
+) -> Outcome:
+    """Apply `change` (translated from `env`) for `account`, which the caller resolved from
+    `lookup(change)` and locked; say what happened."""
+    match change:
+        case NoChange(reason=reason):
+            return Outcome(status="ignored", note=reason)
+        case SubscriptionChange():
+            return _subscription(conn, plans, env, change, account, actor=actor)
+        case CustomerLink():
+            return _link(conn, env, change, account)
+        case Transfer():
+            return _transfer(conn, plans, env, change, account, actor=actor)
 
 
 def _subscription(
-    conn: Connection, plans: PlanConfig, env: Envelope, change: SubscriptionChange, *, actor: str
+    conn: Connection,
+    plans: PlanConfig,
+    env: Envelope,
+    change: SubscriptionChange,
+    account: Resolved | None,
+    *,
+    actor: str,
 ) -> Outcome:
     sub, customer = change.subscription_id, change.customer_id
-    account = resolve_account(
-        conn,
-        provider=env.provider,
-        account_ids=change.account_ids,
-        subscription_id=sub,
-        customer_id=customer,
-    )
     if account is None:
         return Outcome(
             status="unmatched",
@@ -157,8 +181,7 @@ def _subscription(
     return replace(done, note="; ".join(notes) or None)
 
 
-def _link(conn: Connection, env: Envelope, change: CustomerLink) -> Outcome:
-    account = resolve_account(conn, provider=env.provider, account_ids=change.account_ids)
+def _link(conn: Connection, env: Envelope, change: CustomerLink, account: Resolved | None) -> Outcome:
     if account is None:
         return Outcome(
             status="unmatched",
@@ -180,8 +203,15 @@ def _link(conn: Connection, env: Envelope, change: CustomerLink) -> Outcome:
     return Outcome(status="applied", account_id=account.id, customer_id=change.customer_id, note=note)
 
 
-def _transfer(conn: Connection, plans: PlanConfig, env: Envelope, change: Transfer, *, actor: str) -> Outcome:
-    target = resolve_account(conn, provider=env.provider, account_ids=change.to_ids)
+def _transfer(
+    conn: Connection,
+    plans: PlanConfig,
+    env: Envelope,
+    change: Transfer,
+    target: Resolved | None,
+    *,
+    actor: str,
+) -> Outcome:
     if target is None:
         return Outcome(status="unmatched", note=_unmatched_note(change.to_ids, None))
     conn.execute(Q.accounts_lock, {"account_ids": sorted(set(change.from_ids) - {target.id})})

@@ -1,9 +1,10 @@
 """The webhook inbox: every verified provider event, stored once, with what became of it.
 
 `receive` is the pipeline after verification, in a fixed order: allowlist, dedupe, persist, apply,
-all in one short transaction. Dedupe is the unique (provider, event_id) constraint with
-`INSERT ... ON CONFLICT DO NOTHING RETURNING`, never a lookup, so concurrent copies of one delivery
-store and apply it once.
+all in one short transaction (the event is translated first, and its account is resolved and locked
+in the statement that dedupes and persists it, to save a round trip). Dedupe is the unique
+(provider, event_id) constraint with `INSERT ... ON CONFLICT DO NOTHING RETURNING`, never a lookup,
+so concurrent copies of one delivery store and apply it once.
 
 Failure handling: a verified event is always stored. If applying it fails (its contents cannot be
 read, or a bug), the transaction is rolled back and the row is then stored alone as `failed` with
@@ -21,12 +22,14 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
+from typing import TypeVar
 
 import psycopg
 from psycopg.rows import class_row, dict_row
 
-from service.billing.apply import Outcome, apply_change
-from service.billing.events import Change, Envelope
+from service.billing.apply import Outcome, Resolved, apply_change, lookup, lookup_params, resolve_account
+from service.billing.events import Change, Envelope, NoChange
 from service.billing.plans import PlanConfig
 from service.db import Connection, Q, transaction
 from service.errors import QuotaError, UnknownEvent
@@ -34,6 +37,7 @@ from service.errors import QuotaError, UnknownEvent
 log = logging.getLogger(__name__)
 
 Translate = Callable[[Envelope], Change]
+T = TypeVar("T")
 RETRIES = 3  # deadlocks and serialization failures are retried within the request
 
 
@@ -80,16 +84,39 @@ def receive(
     """Store and apply one verified delivery. Types outside the allowlist are stored as ignored."""
     if not allowed:
         return _store(conn, env, status="ignored", note="event type not handled")
+    try:
+        change = _guarded(env, lambda: translate(env))
+    except _ApplyFailed as e:
+        return _store(conn, env, status="failed", error=e.error)
+    if isinstance(change, NoChange):  # nothing to apply: the row alone, in one statement
+        return _store(conn, env, status="ignored", note=change.reason)
+    keys = lookup(change)
     actor = f"webhook:{env.provider}:{env.event_id}"
     for attempt in range(1, RETRIES + 1):
         try:
             with transaction(conn):
-                row = _insert(conn, env, status="received")
+                # Dedupe, persist, and resolve + lock the account, in one statement; the row is
+                # stored as applied (or unmatched) and corrected below if the outcome differs.
+                row = conn.execute(
+                    Q.inbox_insert_resolved,
+                    {**lookup_params(env.provider, keys), **_row_params(env)},
+                ).fetchone()
                 if row is None:
                     return _duplicate(conn, env)
-                outcome = _apply(conn, plans, env, translate, actor=actor)
-                _finish(conn, row, outcome, replay=False)
-            return Receipt(id=row, status=outcome.status)
+                inbox_id = int(str(row[0]))
+                account = None
+                if row[1] is not None:
+                    account = Resolved(id=str(row[1]), plan=str(row[2]), subscription_status=str(row[3]))
+                stored = Outcome(
+                    status="applied" if account else "unmatched",
+                    account_id=account.id if account else None,
+                    subscription_id=keys.subscription_id,
+                    customer_id=keys.customer_id,
+                )
+                outcome = _guarded(env, partial(apply_change, conn, plans, env, change, account, actor=actor))
+                if outcome != stored:
+                    _finish(conn, inbox_id, outcome, replay=False)
+            return Receipt(id=inbox_id, status=outcome.status)
         except _ApplyFailed as e:
             # Rolled back, change and row alike: store the row alone, as failed.
             return _store(conn, env, status="failed", error=e.error)
@@ -126,8 +153,15 @@ def replay(
                     data=row["payload"],
                 )
                 by = f"replay:{actor}:{env.provider}:{env.event_id}"
-                outcome = _apply(conn, plans, env, translate_for(env.provider), actor=by)
-                _finish(conn, inbox_id, outcome, replay=True)
+
+                def run(env: Envelope = env, by: str = by) -> Outcome:
+                    change = translate_for(env.provider)(env)
+                    account = None
+                    if not isinstance(change, NoChange):
+                        account = resolve_account(conn, env.provider, lookup(change))
+                    return apply_change(conn, plans, env, change, account, actor=by)
+
+                _finish(conn, inbox_id, _guarded(env, run), replay=True)
             break
         except _ApplyFailed as e:
             conn.execute(Q.inbox_failed, {"id": inbox_id, "error": e.error})
@@ -161,31 +195,26 @@ def page(
         ).fetchall()
 
 
-def _insert(
-    conn: Connection, env: Envelope, *, status: str, note: str | None = None, error: str | None = None
-) -> int | None:
-    row = conn.execute(
-        Q.inbox_insert,
-        {
-            "provider": env.provider,
-            "event_id": env.event_id,
-            "type": env.type,
-            "occurred_at": env.occurred_at,
-            "status": status,
-            "error": error,
-            "note": note,
-            "payload": env.body,
-        },
-    ).fetchone()
-    return None if row is None else int(str(row[0]))
+def _row_params(env: Envelope) -> dict[str, object]:
+    return {
+        "provider": env.provider,
+        "event_id": env.event_id,
+        "type": env.type,
+        "occurred_at": env.occurred_at,
+        "payload": env.body,
+    }
 
 
 def _store(
     conn: Connection, env: Envelope, *, status: str, note: str | None = None, error: str | None = None
 ) -> Receipt:
-    """Store the row with its final status in one statement (nothing to apply)."""
-    row = _insert(conn, env, status=status, note=note, error=error)
-    return _duplicate(conn, env) if row is None else Receipt(id=row, status=status)
+    """Dedupe and store the row with its final status in one statement (nothing to apply)."""
+    row = conn.execute(
+        Q.inbox_insert, {**_row_params(env), "status": status, "note": note, "error": error}
+    ).fetchone()
+    if row is None:
+        return _duplicate(conn, env)
+    return Receipt(id=int(str(row[0])), status=status)
 
 
 def _duplicate(conn: Connection, env: Envelope) -> Receipt:
@@ -195,15 +224,14 @@ def _duplicate(conn: Connection, env: Envelope) -> Receipt:
     return Receipt(id=int(str(row[0])), status=str(row[1]), duplicate=True)
 
 
-def _apply(
-    conn: Connection, plans: PlanConfig, env: Envelope, translate: Translate, *, actor: str
-) -> Outcome:
-    """Translate and apply. A failure becomes _ApplyFailed, which rolls the caller's transaction
-    back; errors of the connection itself propagate (nothing can be stored: the provider retries)."""
+def _guarded(env: Envelope, work: Callable[[], T]) -> T:
+    """Run translation or application; a failure becomes _ApplyFailed, which rolls the caller's
+    transaction back. Errors of the connection itself propagate (nothing can be stored: the
+    provider retries), deadlocks included (retried by the caller)."""
     try:
-        return apply_change(conn, plans, env, translate(env), actor=actor)
+        return work()
     except psycopg.OperationalError:
-        raise  # includes TransactionRollback (deadlock), retried by the caller
+        raise
     except QuotaError as e:
         log.warning("%s event %s failed: %s", env.provider, env.event_id, e.message)
         raise _ApplyFailed(e.message) from e

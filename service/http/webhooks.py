@@ -41,7 +41,7 @@ def _receive(env: Envelope, *, allowed: bool, translate: inbox.Translate) -> Res
         try:
             receipt = inbox.receive(conn, rt.plans, env, allowed=allowed, translate=translate)
         except psycopg.DataError:
-            # e.g. a \u0000 in a string, which jsonb refuses: nothing was stored
+            # e.g. a NUL in the event id or type, which text refuses: nothing was stored
             raise ApiError(400, "malformed_body", "the body holds JSON the database cannot store") from None
     return jsonify(
         {"received": True, "id": receipt.id, "status": receipt.status, "duplicate": receipt.duplicate}

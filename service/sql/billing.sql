@@ -7,7 +7,7 @@
 INSERT INTO webhook_events (provider, event_id, type, occurred_at, status, error, note, payload,
                             processed_at)
 VALUES (%(provider)s, %(event_id)s, %(type)s, %(occurred_at)s, %(status)s, %(error)s, %(note)s,
-        %(payload)s::jsonb, CASE WHEN %(status)s <> 'received' THEN now() END)
+        %(payload)s::json, CASE WHEN %(status)s <> 'received' THEN now() END)
 ON CONFLICT (provider, event_id) DO NOTHING
 RETURNING id
 
@@ -50,27 +50,41 @@ SELECT id, provider, event_id, type, status, error, note, account_id, subscripti
  ORDER BY id
  LIMIT %(limit)s
 
--- name: resolve_account
--- The first known account among, in this order: the ids the event names, the subscription's
--- current owner, the customer linked by the product (accounts.stripe_customer_id), the customer
--- linked by an earlier event. Locks it (only the row returned): every change to an account's
--- subscriptions holds this lock from here to commit, so the statements after it see every other
--- change to them. NO KEY UPDATE, not UPDATE: it must not wait on the FOR KEY SHARE locks that
--- foreign keys to accounts take.
-WITH candidate (account_id, rank) AS (
-    SELECT u.id, u.n FROM unnest(%(account_ids)s::text[]) WITH ORDINALITY AS u (id, n)
-    UNION ALL
-    SELECT account_id, 1000 FROM subscriptions
-     WHERE provider = %(provider)s AND subscription_id = %(subscription_id)s
-    UNION ALL
-    SELECT id, 2000 FROM accounts
-     WHERE %(provider)s = 'stripe' AND stripe_customer_id = %(customer_id)s
-    UNION ALL
-    SELECT account_id, 3000 FROM customer_links
-     WHERE provider = %(provider)s AND customer_id = %(customer_id)s
+-- name: inbox_insert_resolved
+-- The normal path's first statement: resolve the event's account and lock it (as resolve_account),
+-- then dedupe and persist the event (as inbox_insert), stored as `applied` with its account, or
+-- `unmatched`; the caller corrects the row in the same transaction if the outcome differs. No row
+-- back: a duplicate (a concurrent copy waits on the account lock or the unique index until the
+-- first commits). One round trip instead of two, on every delivery.
+WITH acct AS (
+    SELECT a.id, a.plan, a.subscription_status
+      FROM billing_account_candidates(%(provider)s, %(account_ids)s::text[], %(subscription_id)s,
+                                      %(customer_id)s) c
+      JOIN accounts a ON a.id = c.account_id
+     ORDER BY c.rank
+     LIMIT 1
+       FOR NO KEY UPDATE OF a
+), ins AS (
+    INSERT INTO webhook_events (provider, event_id, type, occurred_at, status, account_id,
+                                subscription_id, customer_id, payload, processed_at)
+    SELECT %(provider)s, %(event_id)s, %(type)s, %(occurred_at)s,
+           CASE WHEN EXISTS (SELECT FROM acct) THEN 'applied' ELSE 'unmatched' END,
+           (SELECT id FROM acct), %(subscription_id)s, %(customer_id)s, %(payload)s::json, now()
+    ON CONFLICT (provider, event_id) DO NOTHING
+    RETURNING id
 )
+SELECT ins.id AS inbox_id, acct.id, acct.plan, acct.subscription_status
+  FROM ins LEFT JOIN acct ON true
+
+-- name: resolve_account
+-- The first known account an event may be for (see billing_account_candidates), locked until
+-- commit (only the row returned): every change to an account's subscriptions holds this lock, so
+-- the statements after it see every other change to them. NO KEY UPDATE, not UPDATE: it must not
+-- wait on the FOR KEY SHARE locks that foreign keys to accounts take.
 SELECT a.id, a.plan, a.subscription_status
-  FROM candidate c JOIN accounts a ON a.id = c.account_id
+  FROM billing_account_candidates(%(provider)s, %(account_ids)s::text[], %(subscription_id)s,
+                                  %(customer_id)s) c
+  JOIN accounts a ON a.id = c.account_id
  ORDER BY c.rank
  LIMIT 1
    FOR NO KEY UPDATE OF a

@@ -217,3 +217,12 @@ def test_revenuecat_verified_event_with_odd_contents_never_500(client: Any, keys
         r = post_revenuecat(client, {"event": event})
         assert r.status_code == 200, r.json
     assert {row["status"] for row in inbox(conn)} <= {"unmatched", "failed", "applied"}
+
+
+@pytest.mark.parametrize("odd", ["\\u0000", "\\ud800", "\\udfff\\ud800"])
+def test_odd_unicode_in_a_verified_body_is_never_500(client: Any, conn: Any, acc: str, odd: str) -> None:
+    body = json.dumps(EVENT).replace('"comment": null', f'"comment": "{odd}"', 1)
+    assert odd in body
+    r = post_stripe(client, body)
+    assert r.status_code in (200, 400), r.data
+    assert len(inbox(conn)) == (1 if r.status_code == 200 else 0)
