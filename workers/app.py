@@ -80,6 +80,9 @@ def make_app(*, redis_url: str | None = None, queue: str | None = None) -> Celer
         task_time_limit=TASK_TIME_LIMIT,
         task_soft_time_limit=TASK_TIME_LIMIT - 60,
         worker_prefetch_multiplier=1,  # with acks_late: hold no second long task hostage
+        # On a lost broker connection, stop running acks_late tasks: their messages are redelivered
+        # and a resumed reset continues from its last committed batch (Celery 6's default).
+        worker_cancel_long_running_tasks_on_connection_loss=True,
         timezone="UTC",
         enable_utc=True,
         beat_schedule=BEAT_SCHEDULE,

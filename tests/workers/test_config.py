@@ -24,6 +24,8 @@ def test_celery_settings() -> None:
     assert conf.broker_url == "redis://127.0.0.1:6379/3"
     assert conf.task_acks_late is True
     assert conf.task_reject_on_worker_lost is True
+    assert conf.worker_prefetch_multiplier == 1
+    assert conf.worker_cancel_long_running_tasks_on_connection_loss is True
     assert conf.task_serializer == "json" and list(conf.accept_content) == ["json"]
     assert conf.timezone == "UTC" and conf.enable_utc is True
     assert conf.task_default_queue == "q"

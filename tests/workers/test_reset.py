@@ -80,6 +80,11 @@ def test_reset_task_through_redis_worker(
     run = run_row(conn)
     assert run is not None and run["counters_reset"] == len(live)
     wait_for("the worker's log line", lambda: f"monthly reset {P1}: done" in worker.output(), timeout=10)
+    # the other tasks run on the same worker too (each a no-op here)
+    worker.send("quota.plan_sync")
+    worker.send("quota.reset_catch_up", at=at_iso())
+    wait_for("the plan sync", lambda: "plan sync: 11 accounts checked, changed 0 limits" in worker.output())
+    wait_for("the tick", lambda: f"monthly reset {P1}: already done" in worker.output())
 
 
 def test_concurrent_runs_and_duplicate_delivery_reset_once(
