@@ -115,7 +115,8 @@ def test_concurrent_runs_and_duplicate_delivery_reset_once(
     for t in threads:
         t.join(timeout=120)
     assert errors == []
-    wait_for("both deliveries to finish", lambda: worker.output().count(f"monthly reset {P1}:") >= 2)
+    finished = f"Task quota.monthly_reset[{task_id}] succeeded"
+    wait_for("both deliveries to finish", lambda: worker.output().count(finished) == 2)
     wait_for("the reset run to finish", lambda: is_done(conn))
 
     assert {o.status for o in outcomes} <= {"done", "lock_busy", "already_done"}
