@@ -198,6 +198,14 @@ class Worker:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=10)
         self.client.close()
+        # leave nothing of this queue behind in the shared Redis db
+        import redis
+
+        r = redis.Redis.from_url(self.redis_url)
+        keys = list(r.scan_iter(match=f"*{self.queue}*"))
+        if keys:
+            r.delete(*keys)
+        r.close()
 
 
 @pytest.fixture
