@@ -179,6 +179,7 @@ WITH target AS (
      WHERE q.account_id = %(account_id)s
        AND (q.plan_limit IS DISTINCT FROM t.plan_limit OR q.free_limit IS DISTINCT FROM t.free_limit
             OR q.lapsed <> %(lapsed)s)
+     ORDER BY q.metric  -- lock in key order, as the reset batches do: no deadlock between them
        FOR UPDATE OF q
 ), changed AS (
     UPDATE quotas q
