@@ -7,8 +7,8 @@
 -- with an index, and every statement that changes an account is keyed by its account_id. Under
 -- Citus they would be distributed by their provider key; webhooks are not on the take hot path.
 
--- Every verified delivery, once per (provider, event_id). `received` exists only inside the
--- transaction that stores the row: a committed row always holds its outcome.
+-- Every verified delivery, once per (provider, event_id), with its outcome. The row is written in
+-- the transaction that applies the event, so a committed row always holds what became of it.
 CREATE TABLE webhook_events (
     id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     provider        text NOT NULL CHECK (provider IN ('stripe', 'revenuecat')),
@@ -16,7 +16,7 @@ CREATE TABLE webhook_events (
     type            text NOT NULL CHECK (length(type) BETWEEN 1 AND 255),
     occurred_at     timestamptz NOT NULL,           -- the provider's event time
     received_at     timestamptz NOT NULL DEFAULT now(),
-    status          text NOT NULL CHECK (status IN ('received', 'applied', 'ignored', 'unmatched', 'failed')),
+    status          text NOT NULL CHECK (status IN ('applied', 'ignored', 'unmatched', 'failed')),
     error           text,                           -- why it failed (status failed)
     note            text,                           -- what else support should know (stale, unmapped price, ...)
     account_id      text,                           -- the account it was resolved to, when known

@@ -1,13 +1,13 @@
 -- Billing queries: the webhook inbox, subscription state, customer links. Parameters are named.
 
 -- name: inbox_insert
--- Dedupe and persist in one statement: no row back means this (provider, event_id) is stored
--- already. A concurrent copy waits on the unique index until the first one commits, then gets
--- nothing back too, so ten simultaneous deliveries store and apply one event.
+-- Dedupe and persist in one statement, for an event with nothing to apply (ignored, failed): no row
+-- back means this (provider, event_id) is stored already. A concurrent copy waits on the unique
+-- index until the first one commits, then gets nothing back too.
 INSERT INTO webhook_events (provider, event_id, type, occurred_at, status, error, note, payload,
                             processed_at)
 VALUES (%(provider)s, %(event_id)s, %(type)s, %(occurred_at)s, %(status)s, %(error)s, %(note)s,
-        %(payload)s::json, CASE WHEN %(status)s <> 'received' THEN now() END)
+        %(payload)s::json, now())
 ON CONFLICT (provider, event_id) DO NOTHING
 RETURNING id
 
