@@ -274,7 +274,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--max-rate", type=int, default=4000, help="deliveries signed per second of a run")
     ap.add_argument("--port", type=int, default=8111, help="ours on PORT, the baseline on PORT+1")
-    ap.add_argument("--log", default=str(HERE / "webhooks_bench.log"), help="server output goes here")
+    ap.add_argument(
+        "--log",
+        default=str(Path(tempfile.gettempdir()) / "webhooks_bench.log"),
+        help="server output goes here",
+    )
     args = ap.parse_args(argv)
     if not args.pg:
         ap.error("give --pg URL or set DATABASE_URL")
