@@ -122,14 +122,24 @@ def apply_plan(
 ) -> None:
     """Set the account's plan tier and subscription status and bring its stored plan limits in line
     (audit rows for changed limits). Never touches usage, the ledger or overrides. Runs inside the
-    caller's transaction if there is one."""
+    caller's transaction if there is one (without a savepoint: an error aborts the caller's
+    transaction, which the caller rolls back anyway, and a savepoint costs two round trips)."""
+    if conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
+        _apply_plan(conn, plans, account_id=account_id, plan=plan, status=status, actor=actor)
+        return
     with transaction(conn):
-        found = conn.execute(
-            Q.set_plan_status, {"account_id": account_id, "plan": plan, "status": status}
-        ).fetchone()
-        if found is None:
-            raise UnknownAccount(f"unknown account {account_id!r}")
-        sync_limits(conn, plans, account_id=account_id, plan=plan, status=status, actor=actor)
+        _apply_plan(conn, plans, account_id=account_id, plan=plan, status=status, actor=actor)
+
+
+def _apply_plan(
+    conn: Connection, plans: PlanConfig, *, account_id: str, plan: str, status: str, actor: str
+) -> None:
+    found = conn.execute(
+        Q.set_plan_status, {"account_id": account_id, "plan": plan, "status": status}
+    ).fetchone()
+    if found is None:
+        raise UnknownAccount(f"unknown account {account_id!r}")
+    sync_limits(conn, plans, account_id=account_id, plan=plan, status=status, actor=actor)
 
 
 def sync_limits(
