@@ -18,6 +18,7 @@ import multiprocessing as mp
 import os
 import random
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -115,8 +116,7 @@ def _take_worker(url: str, threads: int, seconds: float, start_at: float, hot: b
         try:
             with psycopg.connect(url, autocommit=True, application_name="bench-take") as conn:
                 ready.wait()
-                while time.time() < start_at:
-                    time.sleep(0.001)
+                time.sleep(max(start_at - time.time(), 0))
                 end = start_at + seconds
                 n = 0
                 while time.time() < end:
@@ -130,13 +130,16 @@ def _take_worker(url: str, threads: int, seconds: float, start_at: float, hot: b
     ts = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
     for t in ts:
         t.start()
+    time.sleep(max(start_at - time.time(), 0))
+    cpu0 = time.process_time()  # this process's CPU (all threads) over the timed window only
     for t in ts:
         t.join()
-    out.put(repr(errors[0]) if errors else sum(counts))
+    out.put(repr(errors[0]) if errors else (sum(counts), time.process_time() - cpu0))
 
 
-def run_takes(url: str, *, threads: int, procs: int, seconds: float, hot: bool) -> float:
-    """Takes per second from `threads` threads spread over `procs` processes."""
+def run_takes(url: str, *, threads: int, procs: int, seconds: float, hot: bool) -> tuple[float, float]:
+    """Takes per second from `threads` threads spread over `procs` processes, and the client CPU
+    seconds per take."""
     ctx = mp.get_context("spawn")
     out: mp.Queue = ctx.Queue()
     start_at = time.time() + 1.5 + 0.5 * procs  # everyone connected before the clock starts
@@ -150,7 +153,8 @@ def run_takes(url: str, *, threads: int, procs: int, seconds: float, hot: bool) 
     bad = [r for r in results if isinstance(r, str)]
     if bad:
         raise RuntimeError(f"take worker failed: {bad[0]}")
-    return sum(results) / seconds
+    n = sum(r[0] for r in results)
+    return n / seconds, sum(r[1] for r in results) / max(n, 1)
 
 
 def our_take_script(tmp: Path, *, hot: bool) -> Path:
@@ -176,14 +180,25 @@ def our_take_script(tmp: Path, *, hot: bool) -> Path:
     return path
 
 
-def run_pgbench(url: str, script: str, *, clients: int, seconds: float, mode: str = "simple") -> float:
+def children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def run_pgbench(
+    url: str, script: str, *, clients: int, seconds: float, mode: str = "simple"
+) -> tuple[float, float]:
+    """pgbench's tps, and its CPU seconds per transaction."""
     cmd = ["pgbench", "-n", "-M", mode, "-c", str(clients), "-j", "2", "-T", str(int(seconds)), "-f", script]
     cmd.append(url)
+    cpu0 = children_cpu()
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    cpu = children_cpu() - cpu0
     m = re.search(r"tps = ([0-9.]+)", out)
-    if not m:
+    t = re.search(r"number of transactions actually processed: (\d+)", out)
+    if not m or not t:
         raise RuntimeError(f"no tps in pgbench output:\n{out}")
-    return float(m.group(1))
+    return float(m.group(1)), cpu / max(int(t.group(1)), 1)
 
 
 def compare(label: str, pairs: list[tuple[float, float]]) -> str:
@@ -237,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
                 # Prepared, as psycopg runs our statement after its fifth execution: this compares
                 # execution cost, not how long each statement's text takes to parse and plan.
                 got_sql = [
-                    run_pgbench(db, f, clients=args.threads, seconds=args.seconds, mode="prepared")
+                    run_pgbench(db, f, clients=args.threads, seconds=args.seconds, mode="prepared")[0]
                     for db, f in (order if rep % 2 == 0 else order[::-1])
                 ]
                 b, o = got_sql if rep % 2 == 0 else got_sql[::-1]
@@ -251,9 +266,10 @@ def main(argv: list[str] | None = None) -> int:
             summary.append(compare(label, sql_pairs))
         for procs in [p for p in args.procs if p > 0]:
             pairs: list[tuple[float, float]] = []
+            cpu: list[tuple[float, float]] = []
             for rep in range(args.reps):
                 sides = ["baseline", "ours"] if rep % 2 == 0 else ["ours", "baseline"]
-                got: dict[str, float] = {}
+                got: dict[str, tuple[float, float]] = {}
                 for side in sides:
                     if side == "baseline":
                         got[side] = run_pgbench(
@@ -263,14 +279,20 @@ def main(argv: list[str] | None = None) -> int:
                         got[side] = run_takes(
                             ql, threads=args.threads, procs=procs, seconds=args.seconds, hot=hot
                         )
-                pairs.append((got["baseline"], got["ours"]))
+                (b, b_cpu), (o, o_cpu) = got["baseline"], got["ours"]
+                pairs.append((b, o))
+                cpu.append((b_cpu, o_cpu))
                 print(
                     f"{name} {args.threads} threads / {procs} proc rep {rep + 1}: "
-                    f"pgbench {got['baseline']:,.0f} tps, take() {got['ours']:,.0f}/s, "
-                    f"ratio {got['ours'] / got['baseline']:.2f}",
+                    f"pgbench {b:,.0f} tps, take() {o:,.0f}/s, ratio {o / b:.2f}; "
+                    f"client CPU per take: pgbench {b_cpu * 1e6:.0f} us, take() {o_cpu * 1e6:.0f} us",
                     flush=True,
                 )
-            summary.append(compare(f"{name}, {args.threads} threads in {procs} process(es)", pairs))
+            summary.append(
+                compare(f"{name}, {args.threads} threads in {procs} process(es)", pairs)
+                + f"; client CPU per take median: take() {statistics.median(c for _, c in cpu) * 1e6:.0f} us,"
+                f" pgbench {statistics.median(c for c, _ in cpu) * 1e6:.0f} us"
+            )
     print("\n" + "\n".join(summary))
     return 0
 
