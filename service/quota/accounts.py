@@ -119,41 +119,22 @@ def get_account(
 
 def apply_plan(
     conn: Connection, plans: PlanConfig, *, account_id: str, plan: str, status: str, actor: str
-) -> None:
-    """Set the account's plan tier and subscription status and bring its stored plan limits in line
-    (audit rows for changed limits). Never touches usage, the ledger or overrides. Runs inside the
-    caller's transaction if there is one (without a savepoint: an error aborts the caller's
-    transaction, which the caller rolls back anyway, and a savepoint costs two round trips)."""
-    if conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
-        _apply_plan(conn, plans, account_id=account_id, plan=plan, status=status, actor=actor)
-        return
-    with transaction(conn):
-        _apply_plan(conn, plans, account_id=account_id, plan=plan, status=status, actor=actor)
-
-
-def _apply_plan(
-    conn: Connection, plans: PlanConfig, *, account_id: str, plan: str, status: str, actor: str
-) -> None:
-    found = conn.execute(
-        Q.set_plan_status, {"account_id": account_id, "plan": plan, "status": status}
-    ).fetchone()
-    if found is None:
-        raise UnknownAccount(f"unknown account {account_id!r}")
-    sync_limits(conn, plans, account_id=account_id, plan=plan, status=status, actor=actor)
-
-
-def sync_limits(
-    conn: Connection, plans: PlanConfig, *, account_id: str, plan: str, status: str, actor: str
 ) -> int:
-    """Update the account's stored plan limits to what `plans` says for `plan`; returns the number
-    of limit changes (each has an audit row). Override columns are never written."""
-    cur = conn.execute(
-        Q.sync_quota_limits,
+    """Set the account's plan tier and subscription status and bring its stored plan limits in line,
+    in one statement (an audit row per changed limit); returns the number of limit changes. Never
+    touches usage, the ledger or overrides. Inside the caller's transaction if there is one."""
+    row = conn.execute(
+        Q.apply_plan,
         {
             "account_id": account_id,
+            "plan": plan,
+            "status": status,
             "lapsed": plans.is_lapsed(plan, status),
             "actor": actor,
             **_limit_params(plans, plan),
         },
-    )
-    return cur.rowcount
+    ).fetchone()
+    if row is None or not row[0]:
+        raise UnknownAccount(f"unknown account {account_id!r}")
+    changes: int = row[1]  # type: ignore[assignment]
+    return changes

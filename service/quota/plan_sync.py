@@ -1,8 +1,9 @@
 """Plan sync: bring every account's stored plan limits in line with the plan config.
 
-The set-based, batched form of `accounts.sync_limits`, with the same guarantees: only rows whose
-stored plan limit, free limit or lapsed flag differ are written, each change gets an audit row with
-old and new values, and the override columns are never written (overrides are the admin API's).
+The set-based, batched form of the limit part of `accounts.apply_plan`, with the same guarantees:
+only rows whose stored plan limit, free limit or lapsed flag differ are written, each change gets
+an audit row with old and new values, and the override columns are never written (overrides are
+the admin API's).
 Running it twice changes nothing the second time. A counter row an account lacks (a metric added
 to the config) is created. Soft-deleted accounts are skipped. Usage and the ledger are not touched.
 

@@ -128,7 +128,7 @@ ON CONFLICT (account_id, metric) DO NOTHING
 RETURNING account_id, metric, plan_limit, free_limit, lapsed
 
 -- name: plan_sync_apply
--- The set-based form of `sync_quota_limits`, for a batch of accounts: rows whose stored plan limit,
+-- The set-based form of the limit part of `apply_plan`, for a batch of accounts: rows whose stored plan limit,
 -- free limit or lapsed flag differ from the target are locked (in key order, as the reset locks
 -- them), updated and audited with old and new values. The override columns are never written.
 WITH target AS (
