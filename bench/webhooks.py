@@ -168,7 +168,12 @@ class Deliveries:
                     self.state[a] = random.choice([s for s in STATES if s != self.state[a]])
                 price, status = self.state[a]
                 event.update(id=f"evt_bench_{self.seq}", created=self.created)
-                sub.update(id=f"sub_bench_{a}", status=status, metadata={"account_id": account_name(a)})
+                sub.update(
+                    id=f"sub_bench_{a}",
+                    customer=f"cus_bench_{a}",  # one Stripe customer per account, as in life
+                    status=status,
+                    metadata={"account_id": account_name(a)},
+                )
                 item["price"].update(id=f"price_{price}", lookup_key=price)
                 item["plan"].update(id=f"price_{price}")
                 body = json.dumps(event, separators=(",", ":"))
