@@ -37,7 +37,8 @@ def worker_redis_url(redis_url: str) -> str:
     parts = urlsplit(redis_url)
     if parts.scheme == "unix":
         query = [(k, v) for k, v in parse_qsl(parts.query) if k != "db"] + [("db", str(WORKER_REDIS_DB))]
-        return urlunsplit(parts._replace(query=urlencode(query)))
+        # built by hand: urlunsplit drops the empty netloc, and redis-py wants `unix://` exactly
+        return f"unix://{parts.netloc}{parts.path}?{urlencode(query)}"
     return urlunsplit(parts._replace(path=f"/{WORKER_REDIS_DB}"))
 
 
