@@ -17,14 +17,13 @@ import dataclasses
 import os
 import re
 import shlex
-import signal
 import statistics
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import psycopg  # noqa: E402
+from common import server, wrk_ms, wrk_seconds  # noqa: E402
 from take_bench import (  # noqa: E402
     ACCOUNTS,
     BASELINE,
@@ -120,30 +120,12 @@ def measured(url: str, db_url: str, server_pid: int, wrk_args: list[str], *req: 
     return dataclasses.replace(r, app_us=cpu_delta(a0, a1) / n * 1e6, db_us=cpu_delta(d0, d1) / n * 1e6)
 
 
-def wrk_seconds(wrk_args: list[str]) -> float:
-    for i, a in enumerate(wrk_args):
-        v = a[2:] if a.startswith("-d") and len(a) > 2 else (wrk_args[i + 1] if a == "-d" else None)
-        if v:
-            m = re.fullmatch(r"([0-9.]+)([smh]?)", v)
-            if m:
-                return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
-    return 10.0
-
-
-def _ms(value: str) -> float:
-    m = re.fullmatch(r"([0-9.]+)(us|ms|s|m)", value)
-    if not m:
-        raise ValueError(value)
-    scale = {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}[m.group(2)]
-    return float(m.group(1)) * scale
-
-
 def run_wrk(url: str, wrk_args: list[str], template: str, accounts: int, key: str) -> WrkResult:
     cmd = ["wrk", *wrk_args, "--latency", "-s", str(LUA), url, "--", template, str(accounts), key]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     rps = float(re.search(r"Requests/sec:\s+([0-9.]+)", out).group(1))  # type: ignore[union-attr]
-    p50 = _ms(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]
-    p99 = _ms(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]
+    p50 = wrk_ms(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]
+    p99 = wrk_ms(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]
     non = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
     err = re.search(r"Socket errors:.*", out)
     return WrkResult(rps, p50, p99, int(non.group(1)) if non else 0, f", {err.group(0)}" if err else "")
@@ -175,21 +157,6 @@ def wait_ready(url: str, path: str, key: str, timeout: float = 30) -> None:
             if time.time() > deadline:
                 raise RuntimeError(f"{url}{path} not ready: {e}") from None
         time.sleep(0.3)
-
-
-@contextmanager
-def server(cmd: list[str], *, cwd: Path, env: dict[str, str], log: Path):
-    with open(log, "ab") as out:
-        p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        yield p
-    finally:
-        p.send_signal(signal.SIGTERM)  # gunicorn: graceful stop of the arbiter and its workers
-        try:
-            p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 def main(argv: list[str] | None = None) -> int:

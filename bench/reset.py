@@ -36,13 +36,13 @@ import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 import psycopg  # noqa: E402
+from common import with_database  # noqa: E402
 
 from service.billing.plans import load_plans  # noqa: E402
 from service.migrate import migrate  # noqa: E402
@@ -53,10 +53,6 @@ from service.quota.takes import take  # noqa: E402
 DB = "bench_reset"
 PLANS_FILE = ROOT / "plans.toml"  # metrics: api_calls, seats, urls
 METRICS = ("api_calls", "seats", "urls")
-
-
-def with_database(url: str, name: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(path="/" + name))
 
 
 def account_id(i: int) -> str:

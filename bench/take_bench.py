@@ -26,7 +26,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -37,6 +36,7 @@ METRIC = "urls"
 sys.path.insert(0, str(ROOT))
 
 import psycopg  # noqa: E402
+from common import recreate_database, with_database  # noqa: E402
 
 from service.billing.plans import load_plans  # noqa: E402
 from service.keys import create_key  # noqa: E402
@@ -47,18 +47,6 @@ from service.quota.takes import take  # noqa: E402
 
 def account_name(i: int) -> str:
     return f"acct-{i}"
-
-
-def with_database(url: str, name: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path="/" + name))
-
-
-def recreate_database(pg: str, name: str) -> str:
-    with psycopg.connect(pg, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return with_database(pg, name)
 
 
 def setup(pg: str, *, ql: str = "bench_ql", bl: str = "bench_bl") -> tuple[str, str]:

@@ -30,7 +30,6 @@ import os
 import random
 import re
 import shlex
-import signal
 import statistics
 import subprocess
 import sys
@@ -38,12 +37,9 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -58,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 
 import psycopg  # noqa: E402
 import stripe  # noqa: E402
+from common import recreate_database, server, wrk_ms, wrk_seconds  # noqa: E402
 
 from service.billing.plans import load_plans  # noqa: E402
 from service.migrate import migrate  # noqa: E402
@@ -78,17 +75,6 @@ class WrkResult:
         wraps = f", REUSED DELIVERIES x{self.wraps}" if self.wraps else ""
         tail = f"{bad}{wraps}{self.errors}"
         return f"{self.rps:,.0f} req/s, p50 {self.p50_ms:.1f} ms, p99 {self.p99_ms:.1f} ms{tail}"
-
-
-def with_database(url: str, name: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(path="/" + name))
-
-
-def recreate_database(pg: str, name: str) -> str:
-    with psycopg.connect(pg, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return with_database(pg, name)
 
 
 def account_name(i: int) -> str:
@@ -181,13 +167,6 @@ class Deliveries:
                 out.write(f"{header}\t{body}\n")
 
 
-def _ms(value: str) -> float:
-    m = re.fullmatch(r"([0-9.]+)(us|ms|s|m)", value)
-    if not m:
-        raise ValueError(value)
-    return float(m.group(1)) * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}[m.group(2)]
-
-
 def run_wrk(url: str, wrk_args: list[str], script: Path, *script_args: str) -> WrkResult:
     cmd = ["wrk", *wrk_args, "--latency", "-s", str(script), url, "--", *script_args]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
@@ -203,8 +182,8 @@ def run_wrk(url: str, wrk_args: list[str], script: Path, *script_args: str) -> W
     err = re.search(r"Socket errors:.*", out)
     return WrkResult(
         rps=float(find(r"Requests/sec:\s+([0-9.]+)")),
-        p50_ms=_ms(find(r"^\s+50%\s+(\S+)")),
-        p99_ms=_ms(find(r"^\s+99%\s+(\S+)")),
+        p50_ms=wrk_ms(find(r"^\s+50%\s+(\S+)")),
+        p99_ms=wrk_ms(find(r"^\s+99%\s+(\S+)")),
         non_2xx=int(non.group(1)) if non else 0,
         wraps=int(wraps.group(1)) if wraps else 0,
         errors=f", {err.group(0)}" if err else "",
@@ -219,16 +198,6 @@ def wrk_threads(wrk_args: list[str]) -> int:
     return 2
 
 
-def wrk_seconds(wrk_args: list[str]) -> float:
-    for i, a in enumerate(wrk_args):
-        v = a[2:] if a.startswith("-d") and len(a) > 2 else (wrk_args[i + 1] if a == "-d" else None)
-        if v:
-            m = re.fullmatch(r"([0-9.]+)([smh]?)", v)
-            if m:
-                return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
-    return 10.0
-
-
 def wait_ready(url: str, timeout: float = 30) -> None:
     deadline = time.time() + timeout
     while True:
@@ -241,21 +210,6 @@ def wait_ready(url: str, timeout: float = 30) -> None:
             if time.time() > deadline:
                 raise RuntimeError(f"{url} not ready: {e}") from None
         time.sleep(0.3)
-
-
-@contextmanager
-def server(cmd: list[str], *, cwd: Path, env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[Any]]:
-    with open(log, "ab") as out:
-        p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        yield p
-    finally:
-        p.send_signal(signal.SIGTERM)  # gunicorn: graceful stop of the arbiter and its workers
-        try:
-            p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 def inbox_counts(url: str) -> dict[str, int]:
