@@ -114,6 +114,23 @@ def setup(pg: str, accounts: int) -> tuple[str, str]:
             "        'evt_seed_' || g FROM generate_series(1, %s) g",
             (accounts,),
         )
+        # ... and what that first event left besides: its inbox row and the customer link. A
+        # service in use has both tables populated; left empty here, ANALYZE would record them as
+        # empty and the planner would pick sequential scans of them for the whole run.
+        conn.execute(
+            "INSERT INTO webhook_events (provider, event_id, type, occurred_at, status, account_id,"
+            "                            subscription_id, customer_id, payload, processed_at)"
+            " SELECT 'stripe', 'evt_seed_' || g, 'customer.subscription.created', now() - interval '1 day',"
+            "        'applied', 'acct-' || g, 'sub_bench_' || g, 'cus_bench_' || g, %s::json, now()"
+            "   FROM generate_series(1, %s) g",
+            (FIXTURE.read_text(), accounts),
+        )
+        conn.execute(
+            "INSERT INTO customer_links (provider, customer_id, account_id, event_id)"
+            " SELECT 'stripe', 'cus_bench_' || g, 'acct-' || g, 'evt_seed_' || g"
+            "   FROM generate_series(1, %s) g",
+            (accounts,),
+        )
         conn.execute("VACUUM ANALYZE")
     base = recreate_database(pg, "bench_wh_bl")
     subprocess.run(

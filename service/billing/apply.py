@@ -1,21 +1,24 @@
 """Apply a provider-neutral billing change to our state: subscriptions, customer links, and the
 account's plan tier and subscription status, which follow its subscriptions.
 
-Only tier and status change on an account (through `accounts.apply_plan`); no usage counter, ledger
-row or override is touched here. Everything runs in the caller's transaction.
+Only tier and status change on an account (through `accounts.apply_plan`, or subscription_delivery,
+which does the same within its statement); no usage counter, ledger row or override is touched
+here. Everything runs in the caller's transaction.
 
-Concurrency: an event first resolves its account and locks it (FOR NO KEY UPDATE) until commit,
-then writes the subscription and decides the account's tier and status from all its subscriptions.
-Every change to an account's subscriptions holds that lock, so each decision sees every other change
-committed before it. Rarer paths that touch several accounts (a transfer, a subscription that moved
-from another account) lock those accounts as they go and recompute them; a deadlock there is
-retried by the inbox.
+Concurrency: a subscription event is one statement (subscription_delivery) that decides the
+account's tier and status from all the account's subscriptions, guarded by the account's
+billing_version: every transaction that changes an account's subscriptions holds the account's row
+lock and bumps it, so the statement either saw every change to them or gives way, and the delivery
+runs again with the account locked first (resolve_account), as replays and the rarer paths do: a
+transfer, a subscription that moved from another account. Those lock the accounts as they go and
+recompute them; a deadlock there is retried by the inbox.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
+import psycopg
 from psycopg.rows import class_row, dict_row
 
 from service.billing.events import (
@@ -28,8 +31,10 @@ from service.billing.events import (
     Transfer,
 )
 from service.billing.plans import PlanConfig
-from service.db import Connection, Q
+from service.db import Connection, Positional, Q
 from service.quota.accounts import apply_plan
+
+_DELIVERY = Positional.of(Q.subscription_delivery)
 
 # An account whose last subscription moved away (RevenueCat TRANSFER) keeps its tier as the provider
 # last said, with this status: it has no access any more, like an expired subscription.
@@ -122,11 +127,69 @@ def apply_change(
         case NoChange(reason=reason):
             return Outcome(status="ignored", note=reason)
         case SubscriptionChange():
-            return _subscription(conn, plans, env, change, account, actor=actor)
+            return _subscription(conn, plans, env, change, actor=actor)
         case CustomerLink():
             return _link(conn, env, change, account)
         case Transfer():
             return _transfer(conn, plans, env, change, account, actor=actor)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Delivered:
+    """What subscription_delivery did: the inbox row (None: a duplicate, or not stored, a replay),
+    the event's status and note, its account, and the account a subscription moved from."""
+
+    inbox_id: int | None
+    status: str
+    note: str | None
+    account_id: str | None
+    moved_from: str | None
+    gave_way: bool | None  # always NULL: the statement raises instead
+
+
+def deliver_subscription(
+    conn: Connection,
+    plans: PlanConfig,
+    env: Envelope,
+    change: SubscriptionChange,
+    *,
+    actor: str,
+    store: bool,
+    locked: bool,
+) -> Delivered:
+    """Run subscription_delivery: store (if `store`) and apply `change` in one statement. Raises
+    psycopg's SerializationFailure when it cannot decide alone (see the statement); `locked` says
+    the caller holds the account's lock (resolve_account), so a subscription may move here, and the
+    caller then recomputes `moved_from`."""
+    plan = plan_for(plans, change.plan_keys)
+    note = None
+    if plan is None and change.plan_keys != PlanKeys():
+        note = f"{change.plan_keys.describe()} map to no plan in the plan config; plan unchanged"
+    params = {
+        "provider": env.provider,
+        "event_id": env.event_id,
+        "type": env.type,
+        "occurred_at": env.occurred_at,
+        "payload": env.body,
+        "account_ids": list(change.account_ids),
+        "subscription_id": change.subscription_id,
+        "customer_id": change.customer_id,
+        "link_customer_id": change.customer_id if env.provider == "stripe" else None,
+        "plan": plan,
+        "status": change.status,
+        "status_if_new": change.status_if_new,
+        "final": change.final,
+        "note": note,
+        "unmatched_note": _unmatched_note(change.account_ids, change.customer_id),
+        "actor": actor,
+        "store": store,
+        "locked": locked,
+        **plans.limit_table(),
+    }
+    with psycopg.RawCursor(conn, row_factory=class_row(Delivered)) as cur:
+        row = _DELIVERY.execute(cur, params).fetchone()
+    assert row is not None  # the statement always answers one row
+    return row
 
 
 def _subscription(
@@ -134,51 +197,20 @@ def _subscription(
     plans: PlanConfig,
     env: Envelope,
     change: SubscriptionChange,
-    account: Resolved | None,
     *,
     actor: str,
 ) -> Outcome:
-    sub, customer = change.subscription_id, change.customer_id
-    if account is None:
-        return Outcome(
-            status="unmatched",
-            subscription_id=sub,
-            customer_id=customer,
-            note=_unmatched_note(change.account_ids, customer),
-        )
-    plan = plan_for(plans, change.plan_keys)
-    notes = []
-    if plan is None and change.plan_keys != PlanKeys():
-        notes.append(f"{change.plan_keys.describe()} map to no plan in the plan config; plan unchanged")
-    with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(
-            Q.subscription_apply,
-            {
-                "provider": env.provider,
-                "subscription_id": sub,
-                "account_id": account.id,
-                "plan": plan,
-                "status": change.status,
-                "status_if_new": change.status_if_new,
-                "final": change.final,
-                "event_at": env.occurred_at,
-                "event_id": env.event_id,
-                "customer_id": customer if env.provider == "stripe" else None,
-            },
-        ).fetchone()
-    done = Outcome(status="applied", account_id=account.id, subscription_id=sub, customer_id=customer)
-    if row is None:
-        return replace(done, status="ignored", note=_stale_note(conn, env, sub))
-    linked = row["customer_account_id"]
-    if linked is not None and linked != account.id:
-        notes.append(f"customer {customer!r} stays linked to account {linked!r}")
-    new_plan, new_status = row["best_plan"] or account.plan, row["best_status"]
-    if (new_plan, new_status) != (account.plan, account.subscription_status):
-        apply_plan(conn, plans, account_id=account.id, plan=new_plan, status=new_status, actor=actor)
-    prior = row["prior_account_id"]
-    if prior is not None and prior != account.id:  # the subscription moved here from another account
-        follow_subscriptions(conn, plans, {prior}, actor=actor)
-    return replace(done, note="; ".join(notes) or None)
+    """A replay: the caller holds the account's lock and the stored row."""
+    done = deliver_subscription(conn, plans, env, change, actor=actor, store=False, locked=True)
+    if done.moved_from is not None:
+        follow_subscriptions(conn, plans, {done.moved_from}, actor=actor)
+    return Outcome(
+        status=done.status,
+        account_id=done.account_id,
+        subscription_id=change.subscription_id,
+        customer_id=change.customer_id,
+        note=done.note,
+    )
 
 
 def _link(conn: Connection, env: Envelope, change: CustomerLink, account: Resolved | None) -> Outcome:
@@ -262,18 +294,3 @@ def _unmatched_note(account_ids: tuple[str, ...], customer_id: str | None) -> st
     named = ", ".join(repr(a) for a in account_ids) or "no account id"
     tail = f" and customer {customer_id!r} is not linked" if customer_id else ""
     return f"no known account: the event names {named}{tail}; replay it once the account exists"
-
-
-def _stale_note(conn: Connection, env: Envelope, subscription_id: str) -> str:
-    with conn.cursor(row_factory=dict_row) as cur:
-        stored = cur.execute(
-            Q.subscription_get, {"provider": env.provider, "subscription_id": subscription_id}
-        ).fetchone()
-    if stored is None:  # pragma: no cover - the upsert found a row a moment ago
-        return "not applied"
-    if stored["final"] and stored["event_at"] <= env.occurred_at:
-        return f"subscription ended ({stored['status']}) for good; a later event does not reopen it"
-    return (
-        f"older than the stored state ({stored['status']} from {stored['event_id']} at "
-        f"{stored['event_at'].isoformat()}); not applied"
-    )

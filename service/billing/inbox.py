@@ -1,10 +1,16 @@
 """The webhook inbox: every verified provider event, stored once, with what became of it.
 
 `receive` is the pipeline after verification, in a fixed order: allowlist, dedupe, persist, apply,
-all in one short transaction (the event is translated first, and its account is resolved and locked
-in the statement that dedupes and persists it, to save a round trip). Dedupe is the unique
-(provider, event_id) constraint with `INSERT ... ON CONFLICT DO NOTHING RETURNING`, never a lookup,
-so concurrent copies of one delivery store and apply it once.
+in one short transaction. Dedupe is the unique (provider, event_id) constraint with
+`INSERT ... ON CONFLICT DO NOTHING RETURNING`, never a lookup, so concurrent copies of one delivery
+store and apply it once.
+
+A subscription event, the common case, is one statement in autocommit (subscription_delivery:
+store, order, apply, and the commit, in one round trip). When that statement cannot decide alone
+(a concurrent change to the same account, a copy stored meanwhile, a subscription moving between
+accounts) it rolls back whole, and the delivery runs again on the locked path: a transaction that
+locks the account, then runs the same statement. Customer links and transfers always take a
+transaction: store the row with its account locked, apply, correct the row.
 
 Failure handling: a verified event is always stored. If applying it fails (its contents cannot be
 read, or a bug), the transaction is rolled back and the row is then stored alone as `failed` with
@@ -28,8 +34,17 @@ from typing import TypeVar
 import psycopg
 from psycopg.rows import class_row, dict_row
 
-from service.billing.apply import Outcome, Resolved, apply_change, lookup, lookup_params, resolve_account
-from service.billing.events import Change, Envelope, NoChange
+from service.billing.apply import (
+    Outcome,
+    Resolved,
+    apply_change,
+    deliver_subscription,
+    follow_subscriptions,
+    lookup,
+    lookup_params,
+    resolve_account,
+)
+from service.billing.events import Change, CustomerLink, Envelope, NoChange, SubscriptionChange, Transfer
 from service.billing.plans import PlanConfig
 from service.db import Connection, Q, transaction
 from service.errors import QuotaError, UnknownEvent
@@ -39,6 +54,8 @@ log = logging.getLogger(__name__)
 Translate = Callable[[Envelope], Change]
 T = TypeVar("T")
 RETRIES = 3  # deadlocks and serialization failures are retried within the request
+# psycopg raises these as OperationalError subclasses, not as its TransactionRollback (SQLSTATE 40000).
+RETRYABLE = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,41 +107,92 @@ def receive(
         return _store(conn, env, status="failed", error=e.error)
     if isinstance(change, NoChange):  # nothing to apply: the row alone, in one statement
         return _store(conn, env, status="ignored", note=change.reason)
-    keys = lookup(change)
     actor = f"webhook:{env.provider}:{env.event_id}"
+    if isinstance(change, SubscriptionChange):
+        done = _in_one_statement(conn, plans, env, change, actor=actor)
+        if done is not None:
+            return done
     for attempt in range(1, RETRIES + 1):
         try:
             with transaction(conn):
-                # Dedupe, persist, and resolve + lock the account, in one statement; the row is
-                # stored as applied (or unmatched) and corrected below if the outcome differs.
-                row = conn.execute(
-                    Q.inbox_insert_resolved,
-                    {**lookup_params(env.provider, keys), **_row_params(env)},
-                ).fetchone()
-                if row is None:
-                    return _duplicate(conn, env)
-                inbox_id = int(str(row[0]))
-                account = None
-                if row[1] is not None:
-                    account = Resolved(id=str(row[1]), plan=str(row[2]), subscription_status=str(row[3]))
-                stored = Outcome(
-                    status="applied" if account else "unmatched",
-                    account_id=account.id if account else None,
-                    subscription_id=keys.subscription_id,
-                    customer_id=keys.customer_id,
-                )
-                outcome = _guarded(env, partial(apply_change, conn, plans, env, change, account, actor=actor))
-                if outcome != stored:
-                    _finish(conn, inbox_id, outcome, replay=False)
-            return Receipt(id=inbox_id, status=outcome.status)
+                if isinstance(change, SubscriptionChange):
+                    receipt = _subscription_locked(conn, plans, env, change, actor=actor)
+                else:
+                    receipt = _other_locked(conn, plans, env, change, actor=actor)
+            return receipt
         except _ApplyFailed as e:
             # Rolled back, change and row alike: store the row alone, as failed.
             return _store(conn, env, status="failed", error=e.error)
-        except psycopg.errors.TransactionRollback as e:  # deadlock, serialization failure
+        except RETRYABLE as e:
             if attempt == RETRIES:
                 raise
             log.warning("retrying %s event %s after %s", env.provider, env.event_id, type(e).__name__)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _in_one_statement(
+    conn: Connection, plans: PlanConfig, env: Envelope, change: SubscriptionChange, *, actor: str
+) -> Receipt | None:
+    """The common case, a subscription event, as one statement in autocommit: store, apply, commit
+    in one round trip. None: it gave way (a concurrent change to the account, a copy stored
+    meanwhile, a subscription moving between accounts) or failed, and rolled back whole; the caller
+    takes the locked path, which also turns a failure into a `failed` row."""
+    try:
+        done = deliver_subscription(conn, plans, env, change, actor=actor, store=True, locked=False)
+    except RETRYABLE:
+        return None
+    except psycopg.OperationalError:
+        raise  # the database is unreachable: nothing stored, the provider retries
+    except Exception:
+        log.debug(
+            "%s event %s takes the locked path after an error", env.provider, env.event_id, exc_info=True
+        )
+        return None
+    if done.inbox_id is None:
+        return _duplicate(conn, env)
+    return Receipt(id=done.inbox_id, status=done.status)
+
+
+def _subscription_locked(
+    conn: Connection, plans: PlanConfig, env: Envelope, change: SubscriptionChange, *, actor: str
+) -> Receipt:
+    """A subscription event with its account locked before the statement reads its subscriptions."""
+    resolve_account(conn, env.provider, lookup(change))
+    done = _guarded(
+        env, partial(deliver_subscription, conn, plans, env, change, actor=actor, store=True, locked=True)
+    )
+    if done.inbox_id is None:
+        return _duplicate(conn, env)
+    if done.moved_from is not None:  # the subscription moved here from another account
+        _guarded(env, partial(follow_subscriptions, conn, plans, {done.moved_from}, actor=actor))
+    return Receipt(id=done.inbox_id, status=done.status)
+
+
+def _other_locked(
+    conn: Connection, plans: PlanConfig, env: Envelope, change: CustomerLink | Transfer, *, actor: str
+) -> Receipt:
+    """A customer link or a transfer: store the row with its account resolved and locked, apply,
+    and correct the row if the outcome differs."""
+    keys = lookup(change)
+    row = conn.execute(
+        Q.inbox_insert_resolved, {**lookup_params(env.provider, keys), **_row_params(env)}
+    ).fetchone()
+    if row is None:
+        return _duplicate(conn, env)
+    inbox_id = int(str(row[0]))
+    account = None
+    if row[1] is not None:
+        account = Resolved(id=str(row[1]), plan=str(row[2]), subscription_status=str(row[3]))
+    stored = Outcome(
+        status="applied" if account else "unmatched",
+        account_id=account.id if account else None,
+        subscription_id=keys.subscription_id,
+        customer_id=keys.customer_id,
+    )
+    outcome = _guarded(env, partial(apply_change, conn, plans, env, change, account, actor=actor))
+    if outcome != stored:
+        _finish(conn, inbox_id, outcome, replay=False)
+    return Receipt(id=inbox_id, status=outcome.status)
 
 
 def replay(
@@ -166,7 +234,7 @@ def replay(
         except _ApplyFailed as e:
             conn.execute(Q.inbox_failed, {"id": inbox_id, "error": e.error})
             break
-        except psycopg.errors.TransactionRollback:
+        except RETRYABLE:
             if attempt == RETRIES:
                 raise
     return get(conn, inbox_id)

@@ -49,6 +49,18 @@ class PlanConfig:
         """A paid plan whose subscription status keeps no access falls back to the free limits."""
         return self.is_paid(plan) and status not in ACCESS_STATUSES
 
+    def limit_table(self) -> dict[str, object]:
+        """Every plan's limits and the lapse rule, as query parameters, for a statement that picks
+        the plan itself (subscription_delivery): the same answers as `limit` and `is_lapsed`."""
+        rows = [(p, m, self.limit(p, m)) for p in self.plans for m in self.metrics]
+        return {
+            "plan_names": [r[0] for r in rows],
+            "plan_metrics": [r[1] for r in rows],
+            "plan_limits": [r[2] for r in rows],
+            "free_plan": self.free_plan,
+            "access_statuses": sorted(ACCESS_STATUSES),
+        }
+
     def plan_for_stripe_price(self, *keys: str | None) -> str | None:
         """The plan that lists any of these price lookup keys or price ids."""
         for p in self.plans.values():

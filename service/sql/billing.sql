@@ -51,11 +51,12 @@ SELECT id, provider, event_id, type, status, error, note, account_id, subscripti
  LIMIT %(limit)s
 
 -- name: inbox_insert_resolved
--- The normal path's first statement: resolve the event's account and lock it (as resolve_account),
--- then dedupe and persist the event (as inbox_insert), stored as `applied` with its account, or
--- `unmatched`; the caller corrects the row in the same transaction if the outcome differs. No row
--- back: a duplicate (a concurrent copy waits on the account lock or the unique index until the
--- first commits). One round trip instead of two, on every delivery.
+-- A customer link's or transfer's first statement: resolve the event's account and lock it (as
+-- resolve_account, without the version bump: a transfer bumps the accounts whose subscriptions it
+-- moves, through accounts_lock), then dedupe and persist the event (as inbox_insert), stored as
+-- `applied` with its account, or `unmatched`; the caller corrects the row in the same transaction
+-- if the outcome differs. No row back: a duplicate (a concurrent copy waits on the account lock or
+-- the unique index until the first commits).
 WITH acct AS (
     SELECT a.id, a.plan, a.subscription_status
       FROM billing_account_candidates(%(provider)s, %(account_ids)s::text[], %(subscription_id)s,
@@ -78,35 +79,71 @@ SELECT ins.id AS inbox_id, acct.id, acct.plan, acct.subscription_status
 
 -- name: resolve_account
 -- The first known account an event may be for (see billing_account_candidates), locked until
--- commit (only the row returned): every change to an account's subscriptions holds this lock, so
--- the statements after it see every other change to them. NO KEY UPDATE, not UPDATE: it must not
--- wait on the FOR KEY SHARE locks that foreign keys to accounts take.
-SELECT a.id, a.plan, a.subscription_status
-  FROM billing_account_candidates(%(provider)s, %(account_ids)s::text[], %(subscription_id)s,
-                                  %(customer_id)s) c
-  JOIN accounts a ON a.id = c.account_id
- ORDER BY c.rank
- LIMIT 1
-   FOR NO KEY UPDATE OF a
+-- commit, its billing_version bumped: every change to an account's subscriptions holds this lock,
+-- so the statements after it see every other change to them, and a one-statement delivery that
+-- began before it gives way (see subscription_delivery). An UPDATE's lock is FOR NO KEY UPDATE: it
+-- does not wait on the FOR KEY SHARE locks that foreign keys to accounts take.
+UPDATE accounts
+   SET billing_version = billing_version + 1
+ WHERE id = (SELECT a.id
+               FROM billing_account_candidates(%(provider)s, %(account_ids)s::text[],
+                                               %(subscription_id)s, %(customer_id)s) c
+               JOIN accounts a ON a.id = c.account_id
+              ORDER BY c.rank
+              LIMIT 1)
+RETURNING id, plan, subscription_status
 
--- name: subscription_apply
--- One statement for a subscription event, under the account lock taken by resolve_account:
+-- name: subscription_delivery
+-- A subscription event, whole, in one statement: dedupe and store it, resolve its account, apply the
+-- ordering rule to the subscription, link the customer, decide the account's tier and status from
+-- all its subscriptions, and bring the account's plan limits in line (audit rows). In autocommit
+-- this is the whole delivery, one round trip and one commit.
+--
+-- `gate`: the account's row lock, taken only if the row is as this statement's snapshot read it
+--   (billing_version, tier, status; the lock re-checks that on the newest row version). Every
+--   transaction that changes an account's subscriptions bumps billing_version, so a passed gate
+--   means the snapshot holds every subscription of the account, and `best` may read them. A failed
+--   gate (or a copy stored meanwhile, or a subscription moving from another account) raises
+--   serialization_failure through billing_take_locked_path: all of it rolls back and the caller
+--   takes the locked path, which locks the account (resolve_account) before this statement runs
+--   again in the same transaction (%(locked)s true: moves allowed, the caller recomputes the old
+--   owner). %(store)s false (a replay): the inbox row exists; the statement only says the outcome.
 -- `up`: the ordering rule, under the subscription's row lock. An event applies if it is newer than
 --   the stored one; at equal provider time (Stripe `created` has 1 s resolution) an ended status
 --   wins, so every delivery order ends in the same state. A `final` subscription (Stripe canceled)
 --   is never reopened, not even by a newer event. `status` NULL keeps the stored status.
---   `prior_account_id` takes the replaced row's owner, so RETURNING says whose it was.
--- `link`: the customer is linked to the account unless it is linked already.
+--   `prior_account_id` takes the replaced row's owner.
 -- `best`: the account's deciding subscription after this change (the CTE's own write is not
---   visible to the other parts of the statement, so `up` stands in for its stored row): access
---   (active, trialing) beats grace (past_due) beats lapsed (paused, unpaid, incomplete) beats ended
---   (canceled, expired); then the newest event.
--- No row back: the event was not applied (older, or the subscription ended for good).
-WITH up AS (
-    INSERT INTO subscriptions AS s (provider, subscription_id, account_id, plan, status, final, event_at,
-                                    event_id)
-    VALUES (%(provider)s, %(subscription_id)s, %(account_id)s, %(plan)s,
-            coalesce(%(status)s, %(status_if_new)s), %(final)s, %(event_at)s, %(event_id)s)
+--   visible to the other parts of the statement, so `up` stands in for its stored row): the best
+--   subscription_access_rank, then the newest event.
+-- `acct_set`: tier and status from `best`, and the version bump, always (the subscription changed).
+--   `old`/`limits_set`/`audited`: as accounts.apply_plan, when tier or status changed, with the
+--   limits of the new plan picked from the plan table passed in (an unknown plan: the free plan's).
+WITH stored AS (
+    SELECT FROM webhook_events
+     WHERE %(store)s AND provider = %(provider)s AND event_id = %(event_id)s
+), acct AS (
+    SELECT a.id, a.plan, a.subscription_status, a.billing_version
+      FROM billing_account_candidates(%(provider)s, %(account_ids)s::text[], %(subscription_id)s,
+                                      %(customer_id)s) c
+      JOIN accounts a ON a.id = c.account_id
+     ORDER BY c.rank
+     LIMIT 1
+), gate AS (
+    SELECT a.id
+      FROM accounts a
+     WHERE a.id = (SELECT id FROM acct)
+       AND a.billing_version = (SELECT billing_version FROM acct)
+       AND a.plan = (SELECT plan FROM acct)
+       AND a.subscription_status = (SELECT subscription_status FROM acct)
+       AND NOT EXISTS (SELECT FROM stored)
+       FOR NO KEY UPDATE OF a
+), up AS (
+    INSERT INTO subscriptions AS s (provider, subscription_id, account_id, plan, status, final,
+                                    event_at, event_id)
+    SELECT %(provider)s, %(subscription_id)s, gate.id, %(plan)s,
+           coalesce(%(status)s, %(status_if_new)s), %(final)s, %(occurred_at)s, %(event_id)s
+      FROM gate
     ON CONFLICT (provider, subscription_id) DO UPDATE
        SET prior_account_id = s.account_id,
            account_id = EXCLUDED.account_id,
@@ -121,30 +158,114 @@ WITH up AS (
             OR s.event_at = EXCLUDED.event_at
                AND (coalesce(%(status)s, s.status) IN ('canceled', 'expired')
                     OR s.status NOT IN ('canceled', 'expired')))
-    RETURNING subscription_id, prior_account_id, plan, status, event_at
+    RETURNING subscription_id, account_id, prior_account_id, plan, status, event_at
 ), link AS (
     INSERT INTO customer_links (provider, customer_id, account_id, event_id)
-    SELECT %(provider)s, %(customer_id)s, %(account_id)s, %(event_id)s
-     WHERE %(customer_id)s::text IS NOT NULL AND EXISTS (SELECT FROM up)
+    SELECT %(provider)s, %(link_customer_id)s, up.account_id, %(event_id)s
+      FROM up
+     WHERE %(link_customer_id)s::text IS NOT NULL
     ON CONFLICT (provider, customer_id) DO NOTHING
     RETURNING account_id
 ), best AS (
     SELECT c.plan, c.status
       FROM (SELECT subscription_id, plan, status, event_at FROM subscriptions
-             WHERE account_id = %(account_id)s
+             WHERE account_id = (SELECT id FROM gate)
                AND NOT (provider = %(provider)s AND subscription_id = %(subscription_id)s)
             UNION ALL
             SELECT subscription_id, plan, status, event_at FROM up) c
-     ORDER BY CASE c.status WHEN 'active' THEN 0 WHEN 'trialing' THEN 0 WHEN 'past_due' THEN 1
-                            WHEN 'canceled' THEN 3 WHEN 'expired' THEN 3 ELSE 2 END,
-              c.event_at DESC, c.subscription_id
+     ORDER BY subscription_access_rank(c.status), c.event_at DESC, c.subscription_id
      LIMIT 1
+), decided AS (
+    SELECT acct.id, coalesce(best.plan, acct.plan) AS plan, best.status,
+           (coalesce(best.plan, acct.plan), best.status)
+               IS DISTINCT FROM (acct.plan, acct.subscription_status) AS changed,
+           coalesce(best.plan, acct.plan) <> %(free_plan)s
+               AND best.status <> ALL (%(access_statuses)s::text[]) AS lapsed,
+           CASE WHEN coalesce(best.plan, acct.plan) = ANY (%(plan_names)s::text[])
+                THEN coalesce(best.plan, acct.plan) ELSE %(free_plan)s END AS limits_of
+      FROM acct, up, best
+), acct_set AS (
+    UPDATE accounts a
+       SET plan = d.plan, subscription_status = d.status, billing_version = a.billing_version + 1,
+           updated_at = CASE WHEN d.changed THEN now() ELSE a.updated_at END
+      FROM decided d
+     WHERE a.id = d.id
+    RETURNING a.id
+), target AS (
+    SELECT p.metric, p.lim AS plan_limit, f.lim AS free_limit
+      FROM decided d,
+           unnest(%(plan_names)s::text[], %(plan_metrics)s::text[], %(plan_limits)s::bigint[])
+               AS p (plan, metric, lim)
+      JOIN unnest(%(plan_names)s::text[], %(plan_metrics)s::text[], %(plan_limits)s::bigint[])
+               AS f (plan, metric, lim) ON f.metric = p.metric AND f.plan = %(free_plan)s
+     WHERE d.changed AND p.plan = d.limits_of
+), old AS (
+    SELECT q.metric, q.plan_limit, q.free_limit
+      FROM quotas q JOIN target t ON q.metric = t.metric
+     WHERE q.account_id = (SELECT id FROM acct_set)
+       AND (q.plan_limit IS DISTINCT FROM t.plan_limit OR q.free_limit IS DISTINCT FROM t.free_limit
+            OR q.lapsed <> (SELECT lapsed FROM decided))
+     ORDER BY q.metric
+       FOR UPDATE OF q
+), limits_set AS (
+    UPDATE quotas q
+       SET plan_limit = t.plan_limit, free_limit = t.free_limit, lapsed = d.lapsed
+      FROM target t, old, decided d
+     WHERE q.account_id = d.id AND q.metric = t.metric AND old.metric = t.metric
+ RETURNING q.metric, q.plan_limit, q.free_limit
+), audited AS (
+    INSERT INTO audit_log (actor, action, account_id, metric, old, new)
+    SELECT %(actor)s, 'plan_limit_changed', (SELECT id FROM acct), c.metric,
+           jsonb_build_object('plan_limit', o.plan_limit, 'free_limit', o.free_limit),
+           jsonb_build_object('plan_limit', c.plan_limit, 'free_limit', c.free_limit)
+      FROM limits_set c JOIN old o ON o.metric = c.metric
+     WHERE o.plan_limit IS DISTINCT FROM c.plan_limit OR o.free_limit IS DISTINCT FROM c.free_limit
+    RETURNING 1
+), outcome AS (
+    SELECT CASE WHEN NOT EXISTS (SELECT FROM acct) THEN 'unmatched'
+                WHEN NOT EXISTS (SELECT FROM up) THEN 'ignored'
+                ELSE 'applied' END AS status,
+           CASE WHEN NOT EXISTS (SELECT FROM acct) THEN %(unmatched_note)s
+                WHEN NOT EXISTS (SELECT FROM up) THEN (
+                    SELECT CASE WHEN cur.final AND cur.event_at <= %(occurred_at)s
+                                THEN format('subscription ended (%%s) for good; a later event does '
+                                            'not reopen it', cur.status)
+                                ELSE format('older than the stored state (%%s from %%s at %%s); '
+                                            'not applied', cur.status, cur.event_id,
+                                            to_char(cur.event_at AT TIME ZONE 'UTC',
+                                                    'YYYY-MM-DD"T"HH24:MI:SS"+00:00"')) END
+                      FROM subscriptions cur
+                     WHERE cur.provider = %(provider)s AND cur.subscription_id = %(subscription_id)s)
+                ELSE concat_ws('; ', %(note)s::text, (
+                    SELECT format('customer %%L stays linked to account %%L', %(link_customer_id)s,
+                                  l.account_id)
+                      FROM customer_links l
+                     WHERE NOT EXISTS (SELECT FROM link)
+                       AND l.provider = %(provider)s AND l.customer_id = %(link_customer_id)s
+                       AND l.account_id <> (SELECT id FROM acct)))
+           END AS note
+), ins AS (
+    INSERT INTO webhook_events (provider, event_id, type, occurred_at, status, note, account_id,
+                                subscription_id, customer_id, payload, processed_at)
+    SELECT %(provider)s, %(event_id)s, %(type)s, %(occurred_at)s, o.status, nullif(o.note, ''),
+           (SELECT id FROM acct), %(subscription_id)s, %(customer_id)s, %(payload)s::json, now()
+      FROM outcome o
+     WHERE %(store)s
+    ON CONFLICT (provider, event_id) DO NOTHING
+    RETURNING id
 )
-SELECT up.prior_account_id, best.plan AS best_plan, best.status AS best_status,
-       coalesce((SELECT account_id FROM link),
-                (SELECT account_id FROM customer_links
-                  WHERE provider = %(provider)s AND customer_id = %(customer_id)s)) AS customer_account_id
-  FROM up, best
+SELECT (SELECT id FROM ins) AS inbox_id, o.status, nullif(o.note, '') AS note,
+       (SELECT id FROM acct) AS account_id,
+       (SELECT prior_account_id FROM up WHERE prior_account_id <> account_id) AS moved_from,
+       CASE WHEN EXISTS (SELECT FROM acct) AND NOT EXISTS (SELECT FROM gate)
+                 AND NOT EXISTS (SELECT FROM stored)
+            THEN billing_take_locked_path('the account changed since this statement began')
+            WHEN %(store)s AND EXISTS (SELECT FROM up) AND NOT EXISTS (SELECT FROM ins)
+            THEN billing_take_locked_path('a copy of this event was stored meanwhile')
+            WHEN NOT %(locked)s AND EXISTS (SELECT FROM up WHERE prior_account_id <> account_id)
+            THEN billing_take_locked_path('the subscription moves from another account')
+       END AS gave_way
+  FROM outcome o
 
 -- name: subscription_get
 SELECT account_id, plan, status, final, event_at, event_id
@@ -163,23 +284,24 @@ UPDATE subscriptions s
 RETURNING s.subscription_id, s.prior_account_id
 
 -- name: accounts_lock
--- The account lock of resolve_account for several accounts (transfers, a subscription's previous
--- owner), always in id order. The next statement sees every subscription committed before it.
-SELECT id, plan, subscription_status
-  FROM accounts
- WHERE id = ANY(%(account_ids)s::text[])
- ORDER BY id
-   FOR NO KEY UPDATE
+-- The lock of resolve_account (and its billing_version bump) for several accounts (transfers, a
+-- subscription's previous owner), taken in id order. The next statement sees every subscription
+-- committed before it.
+WITH locked AS (
+    SELECT id FROM accounts WHERE id = ANY(%(account_ids)s::text[]) ORDER BY id FOR NO KEY UPDATE
+)
+UPDATE accounts a
+   SET billing_version = a.billing_version + 1
+  FROM locked
+ WHERE a.id = locked.id
+RETURNING a.id, a.plan, a.subscription_status
 
 -- name: accounts_best_subscription
--- Each account's deciding subscription, ranked as in subscription_apply.
+-- Each account's deciding subscription, ranked as in subscription_delivery.
 SELECT DISTINCT ON (account_id) account_id, plan, status
   FROM subscriptions
  WHERE account_id = ANY(%(account_ids)s::text[])
- ORDER BY account_id,
-          CASE status WHEN 'active' THEN 0 WHEN 'trialing' THEN 0 WHEN 'past_due' THEN 1
-                      WHEN 'canceled' THEN 3 WHEN 'expired' THEN 3 ELSE 2 END,
-          event_at DESC, subscription_id
+ ORDER BY account_id, subscription_access_rank(status), event_at DESC, subscription_id
 
 -- name: customer_link
 -- A customer keeps the first account it was linked to; returns the account it is linked to.
