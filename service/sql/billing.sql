@@ -118,7 +118,8 @@ RETURNING id, plan, subscription_status
 --   subscription_access_rank, then the newest event.
 -- `acct_set`: tier and status from `best`, and the version bump, always (the subscription changed).
 --   `old`/`limits_set`/`audited`: as accounts.apply_plan, when tier or status changed, with the
---   limits of the new plan picked from the plan table passed in (an unknown plan: the free plan's).
+--   limits of the new plan picked from the plan table passed in (PlanConfig.limit_table; an
+--   unknown plan gets the free plan's).
 WITH stored AS (
     SELECT FROM webhook_events
      WHERE %(store)s AND provider = %(provider)s AND event_id = %(event_id)s
@@ -131,12 +132,10 @@ WITH stored AS (
      LIMIT 1
 ), gate AS (
     SELECT a.id
-      FROM accounts a
-     WHERE a.id = (SELECT id FROM acct)
-       AND a.billing_version = (SELECT billing_version FROM acct)
-       AND a.plan = (SELECT plan FROM acct)
-       AND a.subscription_status = (SELECT subscription_status FROM acct)
-       AND NOT EXISTS (SELECT FROM stored)
+      FROM acct
+      JOIN accounts a ON a.id = acct.id AND a.billing_version = acct.billing_version
+                     AND a.plan = acct.plan AND a.subscription_status = acct.subscription_status
+     WHERE NOT EXISTS (SELECT FROM stored)
        FOR NO KEY UPDATE OF a
 ), up AS (
     INSERT INTO subscriptions AS s (provider, subscription_id, account_id, plan, status, final,
@@ -159,13 +158,15 @@ WITH stored AS (
                AND (coalesce(%(status)s, s.status) IN ('canceled', 'expired')
                     OR s.status NOT IN ('canceled', 'expired')))
     RETURNING subscription_id, account_id, prior_account_id, plan, status, event_at
+), linked AS (
+    SELECT account_id FROM customer_links
+     WHERE provider = %(provider)s AND customer_id = %(link_customer_id)s
 ), link AS (
     INSERT INTO customer_links (provider, customer_id, account_id, event_id)
     SELECT %(provider)s, %(link_customer_id)s, up.account_id, %(event_id)s
       FROM up
-     WHERE %(link_customer_id)s::text IS NOT NULL
+     WHERE %(link_customer_id)s::text IS NOT NULL AND NOT EXISTS (SELECT FROM linked)
     ON CONFLICT (provider, customer_id) DO NOTHING
-    RETURNING account_id
 ), best AS (
     SELECT c.plan, c.status
       FROM (SELECT subscription_id, plan, status, event_at FROM subscriptions
@@ -175,15 +176,21 @@ WITH stored AS (
             SELECT subscription_id, plan, status, event_at FROM up) c
      ORDER BY subscription_access_rank(c.status), c.event_at DESC, c.subscription_id
      LIMIT 1
+), cfg AS (
+    SELECT t ->> 'free_plan' AS free_plan,
+           ARRAY(SELECT jsonb_array_elements_text(t -> 'access_statuses')) AS access_statuses
+      FROM (SELECT %(plan_table)s::jsonb AS t) x
+), plan_limits AS (
+    SELECT * FROM jsonb_to_recordset(%(plan_table)s::jsonb -> 'limits') AS l (plan text, metric text, lim bigint)
 ), decided AS (
     SELECT acct.id, coalesce(best.plan, acct.plan) AS plan, best.status,
            (coalesce(best.plan, acct.plan), best.status)
                IS DISTINCT FROM (acct.plan, acct.subscription_status) AS changed,
-           coalesce(best.plan, acct.plan) <> %(free_plan)s
-               AND best.status <> ALL (%(access_statuses)s::text[]) AS lapsed,
-           CASE WHEN coalesce(best.plan, acct.plan) = ANY (%(plan_names)s::text[])
-                THEN coalesce(best.plan, acct.plan) ELSE %(free_plan)s END AS limits_of
-      FROM acct, up, best
+           coalesce(best.plan, acct.plan) <> cfg.free_plan
+               AND best.status <> ALL (cfg.access_statuses) AS lapsed,
+           CASE WHEN EXISTS (SELECT FROM plan_limits WHERE plan = coalesce(best.plan, acct.plan))
+                THEN coalesce(best.plan, acct.plan) ELSE cfg.free_plan END AS limits_of
+      FROM acct, up, best, cfg
 ), acct_set AS (
     UPDATE accounts a
        SET plan = d.plan, subscription_status = d.status, billing_version = a.billing_version + 1,
@@ -193,12 +200,8 @@ WITH stored AS (
     RETURNING a.id
 ), target AS (
     SELECT p.metric, p.lim AS plan_limit, f.lim AS free_limit
-      FROM decided d,
-           unnest(%(plan_names)s::text[], %(plan_metrics)s::text[], %(plan_limits)s::bigint[])
-               AS p (plan, metric, lim)
-      JOIN unnest(%(plan_names)s::text[], %(plan_metrics)s::text[], %(plan_limits)s::bigint[])
-               AS f (plan, metric, lim) ON f.metric = p.metric AND f.plan = %(free_plan)s
-     WHERE d.changed AND p.plan = d.limits_of
+      FROM decided d, cfg, plan_limits p JOIN plan_limits f ON f.metric = p.metric
+     WHERE d.changed AND p.plan = d.limits_of AND f.plan = cfg.free_plan
 ), old AS (
     SELECT q.metric, q.plan_limit, q.free_limit
       FROM quotas q JOIN target t ON q.metric = t.metric
@@ -221,51 +224,49 @@ WITH stored AS (
       FROM limits_set c JOIN old o ON o.metric = c.metric
      WHERE o.plan_limit IS DISTINCT FROM c.plan_limit OR o.free_limit IS DISTINCT FROM c.free_limit
     RETURNING 1
+), facts AS (
+    SELECT acct.id AS account_id, up.subscription_id IS NOT NULL AS applied,
+           up.prior_account_id AS prior, linked.account_id AS linked_to,
+           EXISTS (SELECT FROM stored) AS stored, EXISTS (SELECT FROM gate) AS gated
+      FROM (SELECT) one
+      LEFT JOIN acct ON true LEFT JOIN up ON true LEFT JOIN linked ON true
 ), outcome AS (
-    SELECT CASE WHEN NOT EXISTS (SELECT FROM acct) THEN 'unmatched'
-                WHEN NOT EXISTS (SELECT FROM up) THEN 'ignored'
-                ELSE 'applied' END AS status,
-           CASE WHEN NOT EXISTS (SELECT FROM acct) THEN %(unmatched_note)s
-                WHEN NOT EXISTS (SELECT FROM up) THEN (
-                    SELECT CASE WHEN cur.final AND cur.event_at <= %(occurred_at)s
-                                THEN format('subscription ended (%%s) for good; a later event does '
-                                            'not reopen it', cur.status)
-                                ELSE format('older than the stored state (%%s from %%s at %%s); '
-                                            'not applied', cur.status, cur.event_id,
-                                            to_char(cur.event_at AT TIME ZONE 'UTC',
-                                                    'YYYY-MM-DD"T"HH24:MI:SS"+00:00"')) END
-                      FROM subscriptions cur
-                     WHERE cur.provider = %(provider)s AND cur.subscription_id = %(subscription_id)s)
-                ELSE concat_ws('; ', %(note)s::text, (
-                    SELECT format('customer %%L stays linked to account %%L', %(link_customer_id)s,
-                                  l.account_id)
-                      FROM customer_links l
-                     WHERE NOT EXISTS (SELECT FROM link)
-                       AND l.provider = %(provider)s AND l.customer_id = %(link_customer_id)s
-                       AND l.account_id <> (SELECT id FROM acct)))
+    SELECT f.*,
+           CASE WHEN f.account_id IS NULL THEN 'unmatched' WHEN f.applied THEN 'applied'
+                ELSE 'ignored' END AS status,
+           CASE WHEN f.account_id IS NULL THEN %(unmatched_note)s
+                WHEN f.applied THEN nullif(concat_ws('; ', %(note)s::text,
+                    'customer ' || quote_literal(%(link_customer_id)s) || ' stays linked to account '
+                    || quote_literal(nullif(f.linked_to, f.account_id))), '')
+                ELSE (SELECT CASE WHEN cur.final AND cur.event_at <= %(occurred_at)s
+                                  THEN 'subscription ended (' || cur.status || ') for good; a later '
+                                       'event does not reopen it'
+                                  ELSE 'older than the stored state (' || cur.status || ' from '
+                                       || cur.event_id || ' at ' || cur.event_at || '); not applied' END
+                        FROM subscriptions cur
+                       WHERE cur.provider = %(provider)s AND cur.subscription_id = %(subscription_id)s)
            END AS note
+      FROM facts f
 ), ins AS (
     INSERT INTO webhook_events (provider, event_id, type, occurred_at, status, note, account_id,
                                 subscription_id, customer_id, payload, processed_at)
-    SELECT %(provider)s, %(event_id)s, %(type)s, %(occurred_at)s, o.status, nullif(o.note, ''),
-           (SELECT id FROM acct), %(subscription_id)s, %(customer_id)s, %(payload)s::json, now()
+    SELECT %(provider)s, %(event_id)s, %(type)s, %(occurred_at)s, o.status, o.note, o.account_id,
+           %(subscription_id)s, %(customer_id)s, %(payload)s::json, now()
       FROM outcome o
      WHERE %(store)s
     ON CONFLICT (provider, event_id) DO NOTHING
     RETURNING id
 )
-SELECT (SELECT id FROM ins) AS inbox_id, o.status, nullif(o.note, '') AS note,
-       (SELECT id FROM acct) AS account_id,
-       (SELECT prior_account_id FROM up WHERE prior_account_id <> account_id) AS moved_from,
-       CASE WHEN EXISTS (SELECT FROM acct) AND NOT EXISTS (SELECT FROM gate)
-                 AND NOT EXISTS (SELECT FROM stored)
+SELECT ins.id AS inbox_id, o.status, o.note, o.account_id,
+       CASE WHEN o.prior <> o.account_id THEN o.prior END AS moved_from,
+       CASE WHEN o.account_id IS NOT NULL AND NOT o.gated AND NOT o.stored
             THEN billing_take_locked_path('the account changed since this statement began')
-            WHEN %(store)s AND EXISTS (SELECT FROM up) AND NOT EXISTS (SELECT FROM ins)
+            WHEN %(store)s AND o.applied AND ins.id IS NULL
             THEN billing_take_locked_path('a copy of this event was stored meanwhile')
-            WHEN NOT %(locked)s AND EXISTS (SELECT FROM up WHERE prior_account_id <> account_id)
+            WHEN NOT %(locked)s AND o.prior <> o.account_id
             THEN billing_take_locked_path('the subscription moves from another account')
        END AS gave_way
-  FROM outcome o
+  FROM outcome o LEFT JOIN ins ON true
 
 -- name: subscription_get
 SELECT account_id, plan, status, final, event_at, event_id
