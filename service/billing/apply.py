@@ -64,7 +64,7 @@ def plan_for(plans: PlanConfig, keys: PlanKeys) -> str | None:
 
 @dataclass(frozen=True, kw_only=True)
 class Lookup:
-    """What names the account a change is for (see billing_account_candidates)."""
+    """What names the account a change is for (see billing_account_for)."""
 
     account_ids: tuple[str, ...]
     subscription_id: str | None = None
@@ -184,7 +184,7 @@ def deliver_subscription(
         "actor": actor,
         "store": store,
         "locked": locked,
-        **plans.limit_table(),
+        "plan_table": plans.limit_table,
     }
     with psycopg.RawCursor(conn, row_factory=class_row(Delivered)) as cur:
         row = _DELIVERY.execute(cur, params).fetchone()

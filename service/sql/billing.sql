@@ -59,11 +59,9 @@ SELECT id, provider, event_id, type, status, error, note, account_id, subscripti
 -- the unique index until the first commits).
 WITH acct AS (
     SELECT a.id, a.plan, a.subscription_status
-      FROM billing_account_candidates(%(provider)s, %(account_ids)s::text[], %(subscription_id)s,
-                                      %(customer_id)s) c
+      FROM billing_account_for(%(provider)s, %(account_ids)s::text[], %(subscription_id)s,
+                               %(customer_id)s) c
       JOIN accounts a ON a.id = c.account_id
-     ORDER BY c.rank
-     LIMIT 1
        FOR NO KEY UPDATE OF a
 ), ins AS (
     INSERT INTO webhook_events (provider, event_id, type, occurred_at, status, account_id,
@@ -78,19 +76,16 @@ SELECT ins.id AS inbox_id, acct.id, acct.plan, acct.subscription_status
   FROM ins LEFT JOIN acct ON true
 
 -- name: resolve_account
--- The first known account an event may be for (see billing_account_candidates), locked until
+-- The account an event is for (see billing_account_for), locked until
 -- commit, its billing_version bumped: every change to an account's subscriptions holds this lock,
 -- so the statements after it see every other change to them, and a one-statement delivery that
 -- began before it gives way (see subscription_delivery). An UPDATE's lock is FOR NO KEY UPDATE: it
 -- does not wait on the FOR KEY SHARE locks that foreign keys to accounts take.
 UPDATE accounts
    SET billing_version = billing_version + 1
- WHERE id = (SELECT a.id
-               FROM billing_account_candidates(%(provider)s, %(account_ids)s::text[],
-                                               %(subscription_id)s, %(customer_id)s) c
-               JOIN accounts a ON a.id = c.account_id
-              ORDER BY c.rank
-              LIMIT 1)
+ WHERE id = (SELECT account_id
+               FROM billing_account_for(%(provider)s, %(account_ids)s::text[], %(subscription_id)s,
+                                        %(customer_id)s))
 RETURNING id, plan, subscription_status
 
 -- name: subscription_delivery
@@ -125,11 +120,9 @@ WITH stored AS (
      WHERE %(store)s AND provider = %(provider)s AND event_id = %(event_id)s
 ), acct AS (
     SELECT a.id, a.plan, a.subscription_status, a.billing_version
-      FROM billing_account_candidates(%(provider)s, %(account_ids)s::text[], %(subscription_id)s,
-                                      %(customer_id)s) c
+      FROM billing_account_for(%(provider)s, %(account_ids)s::text[], %(subscription_id)s,
+                               %(customer_id)s) c
       JOIN accounts a ON a.id = c.account_id
-     ORDER BY c.rank
-     LIMIT 1
 ), gate AS (
     SELECT a.id
       FROM acct
