@@ -184,7 +184,7 @@ def deliver_subscription(
         "actor": actor,
         "store": store,
         "locked": locked,
-        "plan_table": plans.limit_table,
+        **plans.limit_table,
     }
     with psycopg.RawCursor(conn, row_factory=class_row(Delivered)) as cur:
         row = _DELIVERY.execute(cur, params).fetchone()

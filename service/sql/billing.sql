@@ -169,21 +169,18 @@ WITH stored AS (
             SELECT subscription_id, plan, status, event_at FROM up) c
      ORDER BY subscription_access_rank(c.status), c.event_at DESC, c.subscription_id
      LIMIT 1
-), cfg AS (
-    SELECT t ->> 'free_plan' AS free_plan,
-           ARRAY(SELECT jsonb_array_elements_text(t -> 'access_statuses')) AS access_statuses
-      FROM (SELECT %(plan_table)s::jsonb AS t) x
 ), plan_limits AS (
-    SELECT * FROM jsonb_to_recordset(%(plan_table)s::jsonb -> 'limits') AS l (plan text, metric text, lim bigint)
+    SELECT * FROM unnest(%(plan_names)s::text[], %(plan_metrics)s::text[], %(plan_limits)s::bigint[])
+                  AS l (plan, metric, lim)
 ), decided AS (
     SELECT acct.id, coalesce(best.plan, acct.plan) AS plan, best.status,
            (coalesce(best.plan, acct.plan), best.status)
                IS DISTINCT FROM (acct.plan, acct.subscription_status) AS changed,
-           coalesce(best.plan, acct.plan) <> cfg.free_plan
-               AND best.status <> ALL (cfg.access_statuses) AS lapsed,
+           coalesce(best.plan, acct.plan) <> %(free_plan)s
+               AND best.status <> ALL (%(access_statuses)s::text[]) AS lapsed,
            CASE WHEN EXISTS (SELECT FROM plan_limits WHERE plan = coalesce(best.plan, acct.plan))
-                THEN coalesce(best.plan, acct.plan) ELSE cfg.free_plan END AS limits_of
-      FROM acct, up, best, cfg
+                THEN coalesce(best.plan, acct.plan) ELSE %(free_plan)s END AS limits_of
+      FROM acct, up, best
 ), acct_set AS (
     UPDATE accounts a
        SET plan = d.plan, subscription_status = d.status, billing_version = a.billing_version + 1,
@@ -193,8 +190,8 @@ WITH stored AS (
     RETURNING a.id
 ), target AS (
     SELECT p.metric, p.lim AS plan_limit, f.lim AS free_limit
-      FROM decided d, cfg, plan_limits p JOIN plan_limits f ON f.metric = p.metric
-     WHERE d.changed AND p.plan = d.limits_of AND f.plan = cfg.free_plan
+      FROM decided d, plan_limits p JOIN plan_limits f ON f.metric = p.metric
+     WHERE d.changed AND p.plan = d.limits_of AND f.plan = %(free_plan)s
 ), old AS (
     SELECT q.metric, q.plan_limit, q.free_limit
       FROM quotas q JOIN target t ON q.metric = t.metric
