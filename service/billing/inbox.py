@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import partial
 from typing import TypeVar
@@ -60,11 +60,14 @@ RETRYABLE = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetecte
 
 @dataclass(frozen=True, kw_only=True)
 class Receipt:
-    """The answer to a delivery: the inbox row, its status, and whether it was a duplicate."""
+    """The answer to a delivery: the inbox row, its status, whether it was a duplicate, and
+    whether it took the locked path (a transaction that locks the account first) because the
+    one-statement delivery gave way or does not apply (customer links, transfers)."""
 
     id: int | None
     status: str
     duplicate: bool = False
+    locked: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,7 +122,7 @@ def receive(
                     receipt = _subscription_locked(conn, plans, env, change, actor=actor)
                 else:
                     receipt = _other_locked(conn, plans, env, change, actor=actor)
-            return receipt
+            return replace(receipt, locked=True)
         except _ApplyFailed as e:
             # Rolled back, change and row alike: store the row alone, as failed.
             return _store(conn, env, status="failed", error=e.error)

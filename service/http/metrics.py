@@ -19,6 +19,13 @@ from prometheus_client import (
 
 TAKES = Counter("quota_takes_total", "Takes by outcome", ["outcome"])
 RELEASES = Counter("quota_releases_total", "Releases by outcome", ["outcome"])
+WEBHOOKS = Counter(
+    "quota_webhook_deliveries_total",
+    "Verified webhook deliveries by provider, inbox status, and path: one_statement, or locked (the "
+    "one-statement delivery gave way to a concurrent change of the account, or the event is a "
+    "customer link or transfer); duplicates have status duplicate",
+    ["provider", "status", "path"],
+)
 REQUEST_SECONDS = Histogram(
     "http_request_duration_seconds",
     "Request latency by route and status",

@@ -15,6 +15,7 @@ from service import errors
 from service.billing import inbox
 from service.billing.events import Envelope
 from service.http.errors import ApiError
+from service.http.metrics import WEBHOOKS
 from service.http.runtime import runtime
 from service.webhooks import revenuecat, stripe
 
@@ -43,6 +44,11 @@ def _receive(env: Envelope, *, allowed: bool, translate: inbox.Translate) -> Res
         except psycopg.DataError:
             # e.g. a NUL in the event id or type, which text refuses: nothing was stored
             raise ApiError(400, "malformed_body", "the body holds JSON the database cannot store") from None
+    WEBHOOKS.labels(
+        env.provider,
+        "duplicate" if receipt.duplicate else receipt.status,
+        "locked" if receipt.locked else "one_statement",
+    ).inc()
     return jsonify(
         {"received": True, "id": receipt.id, "status": receipt.status, "duplicate": receipt.duplicate}
     )

@@ -1,0 +1,210 @@
+"""The one-statement delivery and its way out: a subscription event is applied by one statement in
+autocommit, guarded by accounts.billing_version; when that statement's snapshot is not good enough
+(another transaction changed the account's subscriptions meanwhile), it rolls back whole and the
+delivery runs on the locked path. Real connections, real row locks, signed deliveries."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import psycopg
+
+from service.billing import inbox
+from service.billing.events import Envelope
+from service.billing.inbox import Receipt
+from service.billing.plans import PlanConfig
+from service.quota.accounts import upsert_account
+from service.webhooks import revenuecat, stripe
+from tests.conftest import STRIPE_SECRET
+from tests.webhooks.helpers import body_of, fixture, now, sign, stripe_subscription_event
+
+ACCOUNT = "acc_one_statement"
+
+
+def envelope(event: dict[str, Any]) -> Envelope:
+    body = body_of(event)
+    return stripe.verify(body, sign(body), [STRIPE_SECRET])
+
+
+def receive(conn: Any, plans: PlanConfig, event: dict[str, Any]) -> Receipt:
+    return inbox.receive(conn, plans, envelope(event), allowed=True, translate=stripe.translate)
+
+
+def account_row(conn: Any, account_id: str = ACCOUNT) -> tuple[Any, ...]:
+    row = conn.execute(
+        "SELECT plan, subscription_status, billing_version FROM accounts WHERE id = %s", (account_id,)
+    ).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+def event(event_id: str, created: int, **fields: Any) -> dict[str, Any]:
+    return stripe_subscription_event(event_id=event_id, created=created, account_id=ACCOUNT, **fields)
+
+
+def wait_until_blocked(conn: Any, timeout: float = 20) -> None:
+    """Until some other backend of this database waits on a lock."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        ).fetchone()
+        if row and row[0]:
+            return
+        time.sleep(0.02)
+    raise AssertionError("no delivery ever waited on the account's lock")
+
+
+def test_a_subscription_event_is_one_statement_that_bumps_the_version(conn: Any, plans: PlanConfig) -> None:
+    upsert_account(conn, plans, account_id=ACCOUNT, kind="user")
+    before = account_row(conn)
+
+    receipt = receive(conn, plans, event("evt_1", now() - 10))
+
+    assert (receipt.status, receipt.duplicate, receipt.locked) == ("applied", False, False)
+    assert account_row(conn) == ("pro", "active", before[2] + 1)
+
+
+def test_a_stale_or_duplicate_delivery_changes_nothing(conn: Any, plans: PlanConfig) -> None:
+    upsert_account(conn, plans, account_id=ACCOUNT, kind="user")
+    t = now() - 10
+    receive(conn, plans, event("evt_new", t))
+    after_first = account_row(conn)
+
+    stale = receive(conn, plans, event("evt_old", t - 5, status="past_due"))
+    again = receive(conn, plans, event("evt_new", t))
+
+    assert (stale.status, stale.locked) == ("ignored", False)
+    assert (again.duplicate, again.status, again.locked) == (True, "applied", False)
+    assert account_row(conn) == after_first  # not even the version moved
+
+
+def test_it_gives_way_to_a_concurrent_change_of_the_account(
+    conn: Any, db_url: str, plans: PlanConfig
+) -> None:
+    """The upgrade race, made deterministic: a delivery creating subscription 2 holds the account
+    (uncommitted) while a delivery canceling subscription 1 starts. The second statement's snapshot
+    does not see subscription 2; deciding from it would leave the account canceled although an
+    active subscription exists. It must wait, see the version moved, give way, and decide again."""
+    upsert_account(conn, plans, account_id=ACCOUNT, kind="user")
+    t = now() - 100
+    receive(conn, plans, event("evt_sub1_created", t, sub_id="sub_1", price="pro_monthly"))
+    results: list[Receipt | BaseException] = []
+
+    def cancel_sub1() -> None:
+        with psycopg.connect(db_url, autocommit=True) as c:
+            try:
+                results.append(
+                    receive(c, plans, event("evt_sub1_deleted", t + 2, sub_id="sub_1", status="canceled"))
+                )
+            except BaseException as e:  # surfaced below
+                results.append(e)
+
+    with psycopg.connect(db_url, autocommit=True) as holder:
+        with holder.transaction():
+            created = receive(
+                holder, plans, event("evt_sub2_created", t + 1, sub_id="sub_2", price="basic_monthly")
+            )
+            worker = threading.Thread(target=cancel_sub1)
+            worker.start()
+            wait_until_blocked(conn)  # the cancel waits on the account row, sub_2 not committed
+        worker.join(timeout=30)
+
+    assert created.status == "applied"
+    [receipt] = results
+    assert isinstance(receipt, Receipt), receipt
+    assert (receipt.status, receipt.locked) == ("applied", True)
+    assert account_row(conn)[:2] == ("basic", "active")  # sub_2, active, decides
+
+
+def test_a_locked_path_change_also_moves_the_version(conn: Any, db_url: str, plans: PlanConfig) -> None:
+    """The locked path bumps billing_version as it locks, so a one-statement delivery that began
+    before it gives way too (here: a replay of an unmatched event holds the account)."""
+    t = now() - 100
+    unmatched = receive(conn, plans, event("evt_before_account", t, sub_id="sub_2", price="basic_monthly"))
+    assert unmatched.status == "unmatched"
+    upsert_account(conn, plans, account_id=ACCOUNT, kind="user")
+    receive(conn, plans, event("evt_sub1_created", t + 1, sub_id="sub_1", price="pro_monthly"))
+    version = account_row(conn)[2]
+    results: list[Receipt | BaseException] = []
+
+    def cancel_sub1() -> None:
+        with psycopg.connect(db_url, autocommit=True) as c:
+            try:
+                results.append(
+                    receive(c, plans, event("evt_sub1_deleted", t + 2, sub_id="sub_1", status="canceled"))
+                )
+            except BaseException as e:  # surfaced below
+                results.append(e)
+
+    with psycopg.connect(db_url, autocommit=True) as holder:
+        with holder.transaction():
+            assert unmatched.id is not None
+            replayed = inbox.replay(
+                holder, plans, unmatched.id, translate_for=lambda _: stripe.translate, actor="test"
+            )
+            worker = threading.Thread(target=cancel_sub1)
+            worker.start()
+            wait_until_blocked(conn)
+        worker.join(timeout=30)
+
+    assert replayed.status == "applied"
+    [receipt] = results
+    assert isinstance(receipt, Receipt), receipt
+    assert receipt.locked
+    plan, status, after = account_row(conn)
+    assert (plan, status) == ("basic", "active")
+    assert after > version
+
+
+def test_a_transfer_moves_the_version_of_the_account_it_fills(
+    conn: Any, db_url: str, plans: PlanConfig
+) -> None:
+    """A RevenueCat TRANSFER (the locked path) moves a subscription into an account whose tier it
+    does not change, so only billing_version tells a concurrent one-statement delivery that the
+    account's subscriptions changed under its snapshot."""
+    source, target = "acc_7f3c21", "acc_c0ffee"  # the transfer fixture's accounts
+    for a in (source, target):
+        upsert_account(conn, plans, account_id=a, kind="user")
+    renewal = revenuecat.parse(body_of(fixture("revenuecat", "renewal")))
+    assert (
+        inbox.receive(conn, plans, renewal, allowed=True, translate=revenuecat.translate).status == "applied"
+    )
+    t = now() - 100
+    stripe_event = stripe_subscription_event  # the target also pays through Stripe, on Basic
+    receive(
+        conn,
+        plans,
+        stripe_event(event_id="evt_s1", created=t, sub_id="sub_1", price="basic_monthly", account_id=target),
+    )
+    assert account_row(conn, target)[:2] == ("basic", "active")
+    results: list[Receipt | BaseException] = []
+
+    def cancel_stripe() -> None:
+        with psycopg.connect(db_url, autocommit=True) as c:
+            cancel = stripe_event(
+                event_id="evt_s2", created=t + 1, sub_id="sub_1", status="canceled", account_id=target
+            )
+            try:
+                results.append(receive(c, plans, cancel))
+            except BaseException as e:  # surfaced below
+                results.append(e)
+
+    transfer = revenuecat.parse(body_of(fixture("revenuecat", "transfer")))
+    with psycopg.connect(db_url, autocommit=True) as holder:
+        with holder.transaction():
+            moved = inbox.receive(holder, plans, transfer, allowed=True, translate=revenuecat.translate)
+            assert account_row(holder, target)[:2] == ("basic", "active")  # Stripe's newer event decides
+            worker = threading.Thread(target=cancel_stripe)
+            worker.start()
+            wait_until_blocked(conn)
+        worker.join(timeout=30)
+
+    assert (moved.status, moved.locked) == ("applied", True)
+    [receipt] = results
+    assert isinstance(receipt, Receipt), receipt
+    assert receipt.locked
+    assert account_row(conn, target)[:2] == ("pro", "active")  # the transferred subscription decides
