@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -21,6 +22,7 @@ from tests.conftest import STRIPE_SECRET
 from tests.webhooks.helpers import body_of, fixture, now, sign, stripe_subscription_event
 
 ACCOUNT = "acc_one_statement"
+T = TypeVar("T")
 
 
 def envelope(event: dict[str, Any]) -> Envelope:
@@ -58,6 +60,32 @@ def wait_until_blocked(conn: Any, timeout: float = 20) -> None:
     raise AssertionError("no delivery ever waited on the account's lock")
 
 
+def while_held(
+    conn: Any, db_url: str, plans: PlanConfig, hold: Callable[[Any], T], then: dict[str, Any]
+) -> tuple[T, Receipt]:
+    """Run `hold` in a transaction of its own that keeps the account locked, deliver `then` on a
+    third connection meanwhile, commit once that delivery waits on the lock; both results."""
+    results: list[Receipt | BaseException] = []
+
+    def deliver() -> None:
+        with psycopg.connect(db_url, autocommit=True) as c:
+            try:
+                results.append(receive(c, plans, then))
+            except BaseException as e:  # surfaced below
+                results.append(e)
+
+    with psycopg.connect(db_url, autocommit=True) as holder:
+        with holder.transaction():
+            held = hold(holder)
+            worker = threading.Thread(target=deliver)
+            worker.start()
+            wait_until_blocked(conn)
+        worker.join(timeout=30)
+    [receipt] = results
+    assert isinstance(receipt, Receipt), receipt
+    return held, receipt
+
+
 def test_a_subscription_event_is_one_statement_that_bumps_the_version(conn: Any, plans: PlanConfig) -> None:
     upsert_account(conn, plans, account_id=ACCOUNT, kind="user")
     before = account_row(conn)
@@ -92,68 +120,44 @@ def test_it_gives_way_to_a_concurrent_change_of_the_account(
     upsert_account(conn, plans, account_id=ACCOUNT, kind="user")
     t = now() - 100
     receive(conn, plans, event("evt_sub1_created", t, sub_id="sub_1", price="pro_monthly"))
-    results: list[Receipt | BaseException] = []
 
-    def cancel_sub1() -> None:
-        with psycopg.connect(db_url, autocommit=True) as c:
-            try:
-                results.append(
-                    receive(c, plans, event("evt_sub1_deleted", t + 2, sub_id="sub_1", status="canceled"))
-                )
-            except BaseException as e:  # surfaced below
-                results.append(e)
-
-    with psycopg.connect(db_url, autocommit=True) as holder:
-        with holder.transaction():
-            created = receive(
-                holder, plans, event("evt_sub2_created", t + 1, sub_id="sub_2", price="basic_monthly")
-            )
-            worker = threading.Thread(target=cancel_sub1)
-            worker.start()
-            wait_until_blocked(conn)  # the cancel waits on the account row, sub_2 not committed
-        worker.join(timeout=30)
+    created, receipt = while_held(
+        conn,
+        db_url,
+        plans,
+        lambda holder: receive(
+            holder, plans, event("evt_sub2", t + 1, sub_id="sub_2", price="basic_monthly")
+        ),
+        then=event("evt_sub1_deleted", t + 2, sub_id="sub_1", status="canceled"),
+    )
 
     assert created.status == "applied"
-    [receipt] = results
-    assert isinstance(receipt, Receipt), receipt
     assert (receipt.status, receipt.locked) == ("applied", True)
     assert account_row(conn)[:2] == ("basic", "active")  # sub_2, active, decides
 
 
-def test_a_locked_path_change_also_moves_the_version(conn: Any, db_url: str, plans: PlanConfig) -> None:
-    """The locked path bumps billing_version as it locks, so a one-statement delivery that began
-    before it gives way too (here: a replay of an unmatched event holds the account)."""
+def test_a_replay_also_moves_the_version(conn: Any, db_url: str, plans: PlanConfig) -> None:
+    """A replay (the locked path) bumps billing_version too, so a one-statement delivery that began
+    before it gives way."""
     t = now() - 100
     unmatched = receive(conn, plans, event("evt_before_account", t, sub_id="sub_2", price="basic_monthly"))
-    assert unmatched.status == "unmatched"
+    assert unmatched.status == "unmatched" and unmatched.id is not None
     upsert_account(conn, plans, account_id=ACCOUNT, kind="user")
     receive(conn, plans, event("evt_sub1_created", t + 1, sub_id="sub_1", price="pro_monthly"))
     version = account_row(conn)[2]
-    results: list[Receipt | BaseException] = []
+    inbox_id = unmatched.id
 
-    def cancel_sub1() -> None:
-        with psycopg.connect(db_url, autocommit=True) as c:
-            try:
-                results.append(
-                    receive(c, plans, event("evt_sub1_deleted", t + 2, sub_id="sub_1", status="canceled"))
-                )
-            except BaseException as e:  # surfaced below
-                results.append(e)
-
-    with psycopg.connect(db_url, autocommit=True) as holder:
-        with holder.transaction():
-            assert unmatched.id is not None
-            replayed = inbox.replay(
-                holder, plans, unmatched.id, translate_for=lambda _: stripe.translate, actor="test"
-            )
-            worker = threading.Thread(target=cancel_sub1)
-            worker.start()
-            wait_until_blocked(conn)
-        worker.join(timeout=30)
+    replayed, receipt = while_held(
+        conn,
+        db_url,
+        plans,
+        lambda holder: inbox.replay(
+            holder, plans, inbox_id, translate_for=lambda _: stripe.translate, actor="t"
+        ),
+        then=event("evt_sub1_deleted", t + 2, sub_id="sub_1", status="canceled"),
+    )
 
     assert replayed.status == "applied"
-    [receipt] = results
-    assert isinstance(receipt, Receipt), receipt
     assert receipt.locked
     plan, status, after = account_row(conn)
     assert (plan, status) == ("basic", "active")
@@ -173,38 +177,31 @@ def test_a_transfer_moves_the_version_of_the_account_it_fills(
     assert (
         inbox.receive(conn, plans, renewal, allowed=True, translate=revenuecat.translate).status == "applied"
     )
-    t = now() - 100
-    stripe_event = stripe_subscription_event  # the target also pays through Stripe, on Basic
+    t = now() - 100  # the target also pays through Stripe, on Basic, with a newer event than RevenueCat's
     receive(
         conn,
         plans,
-        stripe_event(event_id="evt_s1", created=t, sub_id="sub_1", price="basic_monthly", account_id=target),
+        stripe_subscription_event(
+            event_id="evt_s1", created=t, sub_id="sub_1", price="basic_monthly", account_id=target
+        ),
     )
-    assert account_row(conn, target)[:2] == ("basic", "active")
-    results: list[Receipt | BaseException] = []
-
-    def cancel_stripe() -> None:
-        with psycopg.connect(db_url, autocommit=True) as c:
-            cancel = stripe_event(
-                event_id="evt_s2", created=t + 1, sub_id="sub_1", status="canceled", account_id=target
-            )
-            try:
-                results.append(receive(c, plans, cancel))
-            except BaseException as e:  # surfaced below
-                results.append(e)
-
     transfer = revenuecat.parse(body_of(fixture("revenuecat", "transfer")))
-    with psycopg.connect(db_url, autocommit=True) as holder:
-        with holder.transaction():
-            moved = inbox.receive(holder, plans, transfer, allowed=True, translate=revenuecat.translate)
-            assert account_row(holder, target)[:2] == ("basic", "active")  # Stripe's newer event decides
-            worker = threading.Thread(target=cancel_stripe)
-            worker.start()
-            wait_until_blocked(conn)
-        worker.join(timeout=30)
+
+    def hold(holder: Any) -> Receipt:
+        moved = inbox.receive(holder, plans, transfer, allowed=True, translate=revenuecat.translate)
+        assert account_row(holder, target)[:2] == ("basic", "active")  # Stripe's newer event decides
+        return moved
+
+    moved, receipt = while_held(
+        conn,
+        db_url,
+        plans,
+        hold,
+        then=stripe_subscription_event(
+            event_id="evt_s2", created=t + 1, sub_id="sub_1", status="canceled", account_id=target
+        ),
+    )
 
     assert (moved.status, moved.locked) == ("applied", True)
-    [receipt] = results
-    assert isinstance(receipt, Receipt), receipt
     assert receipt.locked
     assert account_row(conn, target)[:2] == ("pro", "active")  # the transferred subscription decides
