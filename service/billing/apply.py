@@ -17,6 +17,7 @@ recompute them; a deadlock there is retried by the inbox.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import psycopg
 from psycopg.rows import class_row, dict_row
@@ -30,7 +31,7 @@ from service.billing.events import (
     SubscriptionChange,
     Transfer,
 )
-from service.billing.plans import PlanConfig
+from service.billing.plans import PlanConfig, array_literal
 from service.db import Connection, Positional, Q
 from service.quota.accounts import apply_plan
 
@@ -106,8 +107,9 @@ def lookup_params(provider: str, keys: Lookup) -> dict[str, object]:
 
 def resolve_account(conn: Connection, provider: str, keys: Lookup) -> Resolved | None:
     """The first existing account `keys` name (the ids in order, the subscription's owner, the
-    customer's linked account, product link first), locked until commit. None: unmatched. Never
-    creates an account. (A delivery does this in the statement that stores it.)"""
+    customer's linked account, product link first), locked until commit and its billing_version
+    bumped, so that a one-statement delivery begun before gives way. None: unmatched. Never creates
+    an account. (The one-statement delivery resolves the account itself, without the lock.)"""
     with conn.cursor(row_factory=class_row(Resolved)) as cur:
         return cur.execute(Q.resolve_account, lookup_params(provider, keys)).fetchone()
 
@@ -144,7 +146,6 @@ class Delivered:
     note: str | None
     account_id: str | None
     moved_from: str | None
-    gave_way: bool | None  # always NULL: the statement raises instead
 
 
 def deliver_subscription(
@@ -171,7 +172,7 @@ def deliver_subscription(
         "type": env.type,
         "occurred_at": env.occurred_at,
         "payload": env.body,
-        "account_ids": list(change.account_ids),
+        "account_ids": array_literal(change.account_ids),  # a str: psycopg adapts it at once
         "subscription_id": change.subscription_id,
         "customer_id": change.customer_id,
         "link_customer_id": change.customer_id if env.provider == "stripe" else None,
@@ -186,10 +187,12 @@ def deliver_subscription(
         "locked": locked,
         **plans.limit_table,
     }
-    with psycopg.RawCursor(conn, row_factory=class_row(Delivered)) as cur:
+    with psycopg.RawCursor(conn) as cur:
         row = _DELIVERY.execute(cur, params).fetchone()
     assert row is not None  # the statement always answers one row
-    return row
+    # A plain tuple: class_row would read the column names again on every execute.
+    got = cast(tuple[int | None, str, str | None, str | None, str | None, None], row)
+    return Delivered(inbox_id=got[0], status=got[1], note=got[2], account_id=got[3], moved_from=got[4])
 
 
 def _subscription(

@@ -59,11 +59,11 @@ class PlanConfig:
         Postgres parses an array literal faster than a JSON document."""
         rows = [(p, m, self.limit(p, m)) for p in self.plans for m in self.metrics]
         return {
-            "plan_names": _array_literal(r[0] for r in rows),
-            "plan_metrics": _array_literal(r[1] for r in rows),
-            "plan_limits": _array_literal(r[2] for r in rows),
+            "plan_names": array_literal(r[0] for r in rows),
+            "plan_metrics": array_literal(r[1] for r in rows),
+            "plan_limits": array_literal(r[2] for r in rows),
             "free_plan": self.free_plan,
-            "access_statuses": _array_literal(sorted(ACCESS_STATUSES)),
+            "access_statuses": array_literal(sorted(ACCESS_STATUSES)),
         }
 
     def plan_for_stripe_price(self, *keys: str | None) -> str | None:
@@ -84,7 +84,7 @@ class PlanConfig:
         return None
 
 
-def _array_literal(values: Iterable[object]) -> str:
+def array_literal(values: Iterable[object]) -> str:
     """A Postgres array literal: each element double-quoted, with a backslash before `"` and `\\`;
     None is NULL."""
     quoted = (
