@@ -195,6 +195,17 @@ def deliver_subscription(
     return Delivered(inbox_id=got[0], status=got[1], note=got[2], account_id=got[3], moved_from=got[4])
 
 
+def deliver_subscription_locked(
+    conn: Connection, plans: PlanConfig, env: Envelope, change: SubscriptionChange, *, actor: str, store: bool
+) -> Delivered:
+    """subscription_delivery for a caller that holds the account's lock (resolve_account): a
+    subscription may move here, and its previous owner's tier and status are then recomputed."""
+    done = deliver_subscription(conn, plans, env, change, actor=actor, store=store, locked=True)
+    if done.moved_from is not None:
+        follow_subscriptions(conn, plans, {done.moved_from}, actor=actor)
+    return done
+
+
 def _subscription(
     conn: Connection,
     plans: PlanConfig,
@@ -204,9 +215,7 @@ def _subscription(
     actor: str,
 ) -> Outcome:
     """A replay: the caller holds the account's lock and the stored row."""
-    done = deliver_subscription(conn, plans, env, change, actor=actor, store=False, locked=True)
-    if done.moved_from is not None:
-        follow_subscriptions(conn, plans, {done.moved_from}, actor=actor)
+    done = deliver_subscription_locked(conn, plans, env, change, actor=actor, store=False)
     return Outcome(
         status=done.status,
         account_id=done.account_id,

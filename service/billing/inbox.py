@@ -39,7 +39,7 @@ from service.billing.apply import (
     Resolved,
     apply_change,
     deliver_subscription,
-    follow_subscriptions,
+    deliver_subscription_locked,
     lookup,
     lookup_params,
     resolve_account,
@@ -162,12 +162,10 @@ def _subscription_locked(
     """A subscription event with its account locked before the statement reads its subscriptions."""
     resolve_account(conn, env.provider, lookup(change))
     done = _guarded(
-        env, partial(deliver_subscription, conn, plans, env, change, actor=actor, store=True, locked=True)
+        env, partial(deliver_subscription_locked, conn, plans, env, change, actor=actor, store=True)
     )
     if done.inbox_id is None:
         return _duplicate(conn, env)
-    if done.moved_from is not None:  # the subscription moved here from another account
-        _guarded(env, partial(follow_subscriptions, conn, plans, {done.moved_from}, actor=actor))
     return Receipt(id=done.inbox_id, status=done.status)
 
 

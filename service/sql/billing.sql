@@ -258,11 +258,6 @@ SELECT ins.id AS inbox_id, o.status, o.note, o.account_id,
        END AS gave_way
   FROM outcome o LEFT JOIN ins ON true
 
--- name: subscription_get
-SELECT account_id, plan, status, final, event_at, event_id
-  FROM subscriptions
- WHERE provider = %(provider)s AND subscription_id = %(subscription_id)s
-
 -- name: subscriptions_transfer
 -- Moves the provider's subscriptions of the source accounts to `account_id`, except those whose
 -- stored event is newer than the transfer (that event already says who has them). The transfer
