@@ -2,7 +2,7 @@
 `quota-ledger serve --workers 4`, against the baseline app.py `POST /take` under gunicorn with the
 same worker count, in the same run, on the same Postgres, with the same wrk settings.
 
-    python bench/webhooks.py [--reps 3] [--wrk "-t2 -c32 -d10s"] [--accounts 10000] [--change-rate 1.0]
+    python bench/webhooks.py [--reps 7] [--wrk "-t2 -c32 -d10s"] [--accounts 10000] [--change-rate 1.0]
 
 Needs DATABASE_URL (any database on the server; this creates the scratch databases bench_wh and
 bench_wh_bl), wrk and psql on PATH. Run by hand; it is not a test.
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pg", default=os.environ.get("DATABASE_URL"), help="Postgres server URL")
     ap.add_argument("--redis", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=7, help="repetitions; the ratio is their median")
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--wrk", default="-t2 -c32 -d10s", help="wrk settings, the same for both servers")
     ap.add_argument("--accounts", type=int, default=10_000)
