@@ -190,8 +190,9 @@ def deliver_subscription(
     with psycopg.RawCursor(conn) as cur:
         row = _DELIVERY.execute(cur, params).fetchone()
     assert row is not None  # the statement always answers one row
-    # A plain tuple: class_row would read the column names again on every execute.
-    got = cast(tuple[int | None, str, str | None, str | None, str | None, None], row)
+    # A plain tuple: class_row would read the column names again on every execute. The last two
+    # columns (gave_way, which raises rather than answers, and limit_changes) are not needed here.
+    got = cast(tuple[int | None, str, str | None, str | None, str | None, None, int | None], row)
     return Delivered(inbox_id=got[0], status=got[1], note=got[2], account_id=got[3], moved_from=got[4])
 
 

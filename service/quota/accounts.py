@@ -131,7 +131,7 @@ def apply_plan(
             "status": status,
             "lapsed": plans.is_lapsed(plan, status),
             "actor": actor,
-            **_limit_params(plans, plan),
+            **plans.limit_table,
         },
     ).fetchone()
     if row is None or not row[0]:

@@ -112,9 +112,11 @@ RETURNING id, plan, subscription_status
 --   visible to the other parts of the statement, so `up` stands in for its stored row): the best
 --   subscription_access_rank, then the newest event.
 -- `acct_set`: tier and status from `best`, and the version bump, always (the subscription changed).
---   `old`/`limits_set`/`audited`: as accounts.apply_plan, when tier or status changed, with the
---   limits of the new plan picked from the plan table passed in (PlanConfig.limit_table; an
---   unknown plan gets the free plan's).
+-- `limits_set`: when tier or status changed, the account's plan limits follow (quotas_follow_plan,
+--   as accounts.apply_plan does), from the plan table passed in (PlanConfig.limit_table). A function
+--   called only then, so that the executor does not start the quota and audit writes for the many
+--   deliveries that change nothing (migrations/0006). Referenced by the final SELECT, which is what
+--   makes it run.
 WITH stored AS (
     SELECT FROM webhook_events
      WHERE %(store)s AND provider = %(provider)s AND event_id = %(event_id)s
@@ -169,17 +171,12 @@ WITH stored AS (
             SELECT subscription_id, plan, status, event_at FROM up) c
      ORDER BY subscription_access_rank(c.status), c.event_at DESC, c.subscription_id
      LIMIT 1
-), plan_limits AS (
-    SELECT * FROM unnest(%(plan_names)s::text[], %(plan_metrics)s::text[], %(plan_limits)s::bigint[])
-                  AS l (plan, metric, lim)
 ), decided AS (
     SELECT acct.id, coalesce(best.plan, acct.plan) AS plan, best.status,
            (coalesce(best.plan, acct.plan), best.status)
                IS DISTINCT FROM (acct.plan, acct.subscription_status) AS changed,
            coalesce(best.plan, acct.plan) <> %(free_plan)s
-               AND best.status <> ALL (%(access_statuses)s::text[]) AS lapsed,
-           CASE WHEN EXISTS (SELECT FROM plan_limits WHERE plan = coalesce(best.plan, acct.plan))
-                THEN coalesce(best.plan, acct.plan) ELSE %(free_plan)s END AS limits_of
+               AND best.status <> ALL (%(access_statuses)s::text[]) AS lapsed
       FROM acct, up, best
 ), acct_set AS (
     UPDATE accounts a
@@ -188,32 +185,11 @@ WITH stored AS (
       FROM decided d
      WHERE a.id = d.id
     RETURNING a.id
-), target AS (
-    SELECT p.metric, p.lim AS plan_limit, f.lim AS free_limit
-      FROM decided d, plan_limits p JOIN plan_limits f ON f.metric = p.metric
-     WHERE d.changed AND p.plan = d.limits_of AND f.plan = %(free_plan)s
-), old AS (
-    SELECT q.metric, q.plan_limit, q.free_limit
-      FROM quotas q JOIN target t ON q.metric = t.metric
-     WHERE q.account_id = (SELECT id FROM acct_set)
-       AND (q.plan_limit IS DISTINCT FROM t.plan_limit OR q.free_limit IS DISTINCT FROM t.free_limit
-            OR q.lapsed <> (SELECT lapsed FROM decided))
-     ORDER BY q.metric
-       FOR UPDATE OF q
 ), limits_set AS (
-    UPDATE quotas q
-       SET plan_limit = t.plan_limit, free_limit = t.free_limit, lapsed = d.lapsed
-      FROM target t, old, decided d
-     WHERE q.account_id = d.id AND q.metric = t.metric AND old.metric = t.metric
- RETURNING q.metric, q.plan_limit, q.free_limit
-), audited AS (
-    INSERT INTO audit_log (actor, action, account_id, metric, old, new)
-    SELECT %(actor)s, 'plan_limit_changed', (SELECT id FROM acct), c.metric,
-           jsonb_build_object('plan_limit', o.plan_limit, 'free_limit', o.free_limit),
-           jsonb_build_object('plan_limit', c.plan_limit, 'free_limit', c.free_limit)
-      FROM limits_set c JOIN old o ON o.metric = c.metric
-     WHERE o.plan_limit IS DISTINCT FROM c.plan_limit OR o.free_limit IS DISTINCT FROM c.free_limit
-    RETURNING 1
+    SELECT quotas_follow_plan(d.id, d.plan, d.lapsed, %(actor)s, %(free_plan)s, %(plan_names)s::text[],
+                              %(plan_metrics)s::text[], %(plan_limits)s::bigint[]) AS changes
+      FROM decided d, acct_set
+     WHERE d.changed
 ), facts AS (
     SELECT acct.id AS account_id, up.subscription_id IS NOT NULL AS applied,
            up.prior_account_id AS prior, linked.account_id AS linked_to,
@@ -255,7 +231,8 @@ SELECT ins.id AS inbox_id, o.status, o.note, o.account_id,
             THEN billing_take_locked_path('a copy of this event was stored meanwhile')
             WHEN NOT %(locked)s AND o.prior <> o.account_id
             THEN billing_take_locked_path('the subscription moves from another account')
-       END AS gave_way
+       END AS gave_way,
+       (SELECT changes FROM limits_set) AS limit_changes
   FROM outcome o LEFT JOIN ins ON true
 
 -- name: subscriptions_transfer

@@ -168,39 +168,17 @@ SELECT coalesce(sum(CASE kind WHEN 'take' THEN units WHEN 'release' THEN -units 
 
 -- name: apply_plan
 -- Sets an account's plan tier and subscription status and, in the same statement, brings its
--- stored plan limits (and lapsed flag) in line: touches only counter rows whose values differ and
--- never the override columns. Each changed limit gets an audit row with the old and new values
--- (read under FOR UPDATE, in key order like the reset batches, so `old` is what this statement
--- replaced and the two never deadlock). `found` = 0 means no such account.
+-- stored plan limits (and lapsed flag) in line through quotas_follow_plan (migrations/0006: only
+-- rows whose values differ, never the override columns, an audit row per changed limit).
+-- `found` = 0 means no such account.
 WITH account AS (
     UPDATE accounts
        SET plan = %(plan)s, subscription_status = %(status)s, updated_at = now()
      WHERE id = %(account_id)s
  RETURNING id
-), target AS (
-    SELECT * FROM unnest(%(metrics)s::text[], %(plan_limits)s::bigint[], %(free_limits)s::bigint[])
-                  AS t (metric, plan_limit, free_limit)
-), old AS (
-    SELECT q.metric, q.plan_limit, q.free_limit
-      FROM quotas q JOIN target t ON q.metric = t.metric
-     WHERE q.account_id = (SELECT id FROM account)
-       AND (q.plan_limit IS DISTINCT FROM t.plan_limit OR q.free_limit IS DISTINCT FROM t.free_limit
-            OR q.lapsed <> %(lapsed)s)
-     ORDER BY q.metric
-       FOR UPDATE OF q
-), changed AS (
-    UPDATE quotas q
-       SET plan_limit = t.plan_limit, free_limit = t.free_limit, lapsed = %(lapsed)s
-      FROM target t, old
-     WHERE q.account_id = %(account_id)s AND q.metric = t.metric AND old.metric = t.metric
- RETURNING q.metric, q.plan_limit, q.free_limit
-), audited AS (
-    INSERT INTO audit_log (actor, action, account_id, metric, old, new)
-    SELECT %(actor)s, 'plan_limit_changed', %(account_id)s, c.metric,
-           jsonb_build_object('plan_limit', o.plan_limit, 'free_limit', o.free_limit),
-           jsonb_build_object('plan_limit', c.plan_limit, 'free_limit', c.free_limit)
-      FROM changed c JOIN old o ON o.metric = c.metric
-     WHERE o.plan_limit IS DISTINCT FROM c.plan_limit OR o.free_limit IS DISTINCT FROM c.free_limit
- RETURNING 1
 )
-SELECT (SELECT count(*) FROM account) AS found, (SELECT count(*) FROM audited) AS limit_changes
+SELECT count(*) AS found,
+       coalesce(sum(quotas_follow_plan(id, %(plan)s, %(lapsed)s, %(actor)s, %(free_plan)s,
+                                       %(plan_names)s::text[], %(plan_metrics)s::text[],
+                                       %(plan_limits)s::bigint[])), 0) AS limit_changes
+  FROM account

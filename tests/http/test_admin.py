@@ -177,3 +177,27 @@ def test_override_refusals(client, keys, account, conn, subtests):
 def test_largest_override_is_accepted(client, keys, account):
     r = _override(client, keys, account, 2**63 - 1)
     assert r.status_code == 200 and r.json["remaining"] == 2**63 - 1
+
+
+def test_apply_plan_counts_and_audits_each_limit_it_changes(client, keys, account, conn, plans):
+    def audit_rows():
+        return conn.execute(
+            "SELECT metric, old, new FROM audit_log WHERE account_id = %s AND action = 'plan_limit_changed'"
+            " ORDER BY id",
+            (account,),
+        ).fetchall()
+
+    assert accounts.apply_plan(conn, plans, account_id=account, plan="pro", status="active", actor="t") == 3
+    assert [(m, o["plan_limit"], n["plan_limit"]) for m, o, n in audit_rows()] == [
+        ("api_calls", 1000, None),
+        ("seats", 1, 5),
+        ("urls", 50, 500),
+    ]
+    # the same plan again, or only a lapse (the values stay, the free fallback switches): no audit row
+    assert accounts.apply_plan(conn, plans, account_id=account, plan="pro", status="active", actor="t") == 0
+    assert accounts.apply_plan(conn, plans, account_id=account, plan="pro", status="canceled", actor="t") == 0
+    assert len(audit_rows()) == 3
+    assert _limit(client, keys, account)["limit_source"] == "free_fallback"
+    # a plan the config does not know gets the free plan's limits
+    assert accounts.apply_plan(conn, plans, account_id=account, plan="gone", status="active", actor="t") == 3
+    assert _limit(client, keys, account)["limit"] == 50
