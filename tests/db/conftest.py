@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psycopg
 import pytest
+
+from tests.conftest import with_database
 
 THREADS = 50
 
@@ -24,3 +27,14 @@ def connect(db_url: str) -> Iterator[Callable[[int], list[psycopg.Connection[Any
     yield connect
     for c in opened:
         c.close()
+
+
+@pytest.fixture
+def empty_db(pg_url: str) -> Iterator[str]:
+    """A database of its own with nothing in it (no migrations), dropped afterwards."""
+    name = f"ql_empty_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{name}"')
+    yield with_database(pg_url, name)
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

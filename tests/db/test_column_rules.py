@@ -4,7 +4,6 @@ Also: the migration keeps the data and the indexes of a populated database, with
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import psycopg
@@ -12,7 +11,6 @@ import pytest
 from yoyo import get_backend, read_migrations
 
 from service.migrate import MIGRATIONS_DIR, migrate, yoyo_url
-from tests.conftest import with_database
 
 SEED = """
 INSERT INTO accounts (id, kind, plan) VALUES ('acct-1', 'user', 'pro');
@@ -86,18 +84,8 @@ def test_values_inside_the_rules_are_stored(seeded: psycopg.Connection[Any]) -> 
     assert row == ("past_due", "2026-12", 0, "expired", "unmatched")
 
 
-@pytest.fixture
-def upgrading_db(pg_url: str) -> Any:
-    name = f"ql_upgrade_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(pg_url, autocommit=True) as c:
-        c.execute(f'CREATE DATABASE "{name}"')
-    yield with_database(pg_url, name)
-    with psycopg.connect(pg_url, autocommit=True) as c:
-        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def test_the_domain_migration_keeps_a_populated_database_in_place(upgrading_db: str) -> None:
-    backend = get_backend(yoyo_url(upgrading_db))
+def test_the_domain_migration_keeps_a_populated_database_in_place(empty_db: str) -> None:
+    backend = get_backend(yoyo_url(empty_db))
     try:
         every = read_migrations(str(MIGRATIONS_DIR))
         before_domains = every.__class__([m for m in every if m.id < "0005"], every.post_apply)
@@ -108,13 +96,13 @@ def test_the_domain_migration_keeps_a_populated_database_in_place(upgrading_db: 
         "SELECT relname, relfilenode FROM pg_class WHERE relname IN ('accounts', 'accounts_pkey', 'quotas',"
         " 'subscriptions', 'webhook_events', 'webhook_events_provider_event_id_key') ORDER BY 1"
     )
-    with psycopg.connect(upgrading_db, autocommit=True) as c:
+    with psycopg.connect(empty_db, autocommit=True) as c:
         c.execute(SEED)
         state, on_disk = c.execute(STATE).fetchone(), c.execute(files).fetchall()
 
-    assert migrate(upgrading_db)[0] == "0005.domains"
+    assert migrate(empty_db)[0] == "0005.domains"
 
-    with psycopg.connect(upgrading_db, autocommit=True) as c:
+    with psycopg.connect(empty_db, autocommit=True) as c:
         assert c.execute(STATE).fetchone() == state
         assert c.execute(files).fetchall() == on_disk  # no table or index was rewritten
         with pytest.raises(psycopg.errors.CheckViolation):

@@ -5,26 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import psycopg
-import pytest
 
 from service.migrate import MIGRATIONS_DIR, migrate
-from tests.conftest import with_database
 
 TABLES = {"accounts", "quotas", "ledger", "api_keys", "audit_log"}
-
-
-@pytest.fixture
-def empty_db(pg_url):
-    name = f"ql_empty_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(pg_url, autocommit=True) as c:
-        c.execute(f'CREATE DATABASE "{name}"')
-    yield with_database(pg_url, name)
-    with psycopg.connect(pg_url, autocommit=True) as c:
-        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def _tables(url):
