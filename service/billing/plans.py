@@ -55,9 +55,9 @@ class PlanConfig:
     def limit_table(self) -> dict[str, str]:
         """Every plan's limits and the lapse rule, as query parameters, for statements that pick the
         plan's limits in the database (quotas_follow_plan, from apply_plan and subscription_delivery):
-        the same answers as `limit` and `is_lapsed`. Made
-        once, as array literals: psycopg adapts a list element by element on every execute, and
-        Postgres parses an array literal faster than a JSON document."""
+        the same answers as `limit` and `is_lapsed`. Made once, as array literals: psycopg adapts a
+        list element by element on every execute, and Postgres parses an array literal faster than
+        a JSON document."""
         rows = [(p, m, self.limit(p, m)) for p in self.plans for m in self.metrics]
         return {
             "plan_names": array_literal(r[0] for r in rows),
