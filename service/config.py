@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_PLANS_FILE = Path(__file__).resolve().parent.parent / "plans.toml"
+# Provider environments a deployment can restrict its webhooks to (WEBHOOK_ENVIRONMENT).
+WEBHOOK_ENVIRONMENTS = ("production", "sandbox")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -16,6 +18,9 @@ class Settings:
     stripe_webhook_secrets: tuple[str, ...] = ()
     revenuecat_webhook_auth: str = ""
     plans_file: Path = DEFAULT_PLANS_FILE
+    # Apply only webhook events of this provider environment (Stripe livemode, RevenueCat
+    # environment); None applies both. Events of the other one are stored as ignored.
+    webhook_environment: str | None = None
     db_pool_size: int = 4
     # Verified API keys are remembered this long per process: a revoked key stops working within it.
     key_cache_seconds: float = 5.0
@@ -27,6 +32,12 @@ class Settings:
         url = e.get("DATABASE_URL", "")
         if not url:
             raise RuntimeError("DATABASE_URL is not set (see README: Configuration)")
+        environment = e.get("WEBHOOK_ENVIRONMENT", "").strip().lower() or None
+        if environment not in (None, *WEBHOOK_ENVIRONMENTS):
+            raise RuntimeError(
+                f"WEBHOOK_ENVIRONMENT must be one of {', '.join(WEBHOOK_ENVIRONMENTS)} or unset, not "
+                f"{e['WEBHOOK_ENVIRONMENT']!r}"
+            )
         return cls(
             database_url=url,
             redis_url=e.get("REDIS_URL", cls.redis_url),
@@ -35,6 +46,7 @@ class Settings:
             ),
             revenuecat_webhook_auth=e.get("REVENUECAT_WEBHOOK_AUTH", ""),
             plans_file=Path(e.get("PLANS_FILE") or DEFAULT_PLANS_FILE),
+            webhook_environment=environment,
             db_pool_size=int(e.get("DB_POOL_SIZE", cls.db_pool_size)),
             key_cache_seconds=float(e.get("KEY_CACHE_SECONDS", cls.key_cache_seconds)),
         )

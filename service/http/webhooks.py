@@ -13,7 +13,7 @@ from flask import Blueprint, Response, jsonify, request
 
 from service import errors
 from service.billing import inbox
-from service.billing.events import Envelope
+from service.billing.events import Change, Envelope, NoChange
 from service.http.errors import ApiError
 from service.http.metrics import WEBHOOKS
 from service.http.runtime import runtime
@@ -62,7 +62,7 @@ def stripe_webhook() -> Response:
             request.get_data(), request.headers.get("Stripe-Signature"), settings.stripe_webhook_secrets
         )
     )
-    return _receive(env, allowed=env.type in stripe.ALLOWED_TYPES, translate=stripe.translate)
+    return _receive(env, allowed=env.type in stripe.ALLOWED_TYPES, translate=translator(stripe.PROVIDER))
 
 
 @bp.post("/revenuecat")
@@ -74,9 +74,34 @@ def revenuecat_webhook() -> Response:
         return revenuecat.parse(request.get_data())
 
     env = _verified(check)
-    return _receive(env, allowed=env.type in revenuecat.ALLOWED_TYPES, translate=revenuecat.translate)
+    return _receive(
+        env, allowed=env.type in revenuecat.ALLOWED_TYPES, translate=translator(revenuecat.PROVIDER)
+    )
+
+
+ADAPTERS = {
+    stripe.PROVIDER: (stripe.translate, stripe.environment),
+    revenuecat.PROVIDER: (revenuecat.translate, revenuecat.environment),
+}
 
 
 def translator(provider: str) -> inbox.Translate:
-    """The adapter translation for a stored event's provider (for replays)."""
-    return {stripe.PROVIDER: stripe.translate, revenuecat.PROVIDER: revenuecat.translate}[provider]
+    """The adapter's translation for `provider`, for deliveries and replays alike. With
+    WEBHOOK_ENVIRONMENT set, an event of the other provider environment (or of none it names) changes
+    nothing: it is stored as ignored, with a note, so that a sandbox purchase never upgrades a
+    production account. A replay after the setting changes applies it."""
+    translate, environment_of = ADAPTERS[provider]
+    wanted = runtime().settings.webhook_environment
+    if wanted is None:
+        return translate
+
+    def in_environment(env: Envelope) -> Change:
+        got = environment_of(env.data)
+        if got != wanted:
+            return NoChange(
+                reason=f"a {got or 'unknown-environment'} event; this deployment applies {wanted} "
+                "events only (WEBHOOK_ENVIRONMENT)"
+            )
+        return translate(env)
+
+    return in_environment

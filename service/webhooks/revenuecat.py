@@ -82,6 +82,11 @@ def parse(body: bytes) -> Envelope:
     )
 
 
+def environment(data: dict[str, Any]) -> str | None:
+    """The event's environment, from the store transaction: "production" or "sandbox"."""
+    return {"PRODUCTION": "production", "SANDBOX": "sandbox"}.get(text(data, "event", "environment") or "")
+
+
 def translate(env: Envelope) -> Change:
     """What a RevenueCat event asks of our state."""
     event = obj(env.data, "event") or {}

@@ -119,6 +119,12 @@ def _envelope(payload: str) -> Envelope:
     )
 
 
+def environment(data: dict[str, Any]) -> str | None:
+    """The event's environment: "production" for a live-mode event, "sandbox" for a test-mode one."""
+    livemode = data.get("livemode")
+    return None if not isinstance(livemode, bool) else "production" if livemode else "sandbox"
+
+
 def translate(env: Envelope) -> Change:
     """What a verified Stripe event asks of our state."""
     if env.type not in ALLOWED_TYPES:
