@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -138,14 +139,23 @@ def settings(db_url: str, redis_url: str) -> Settings:
     )
 
 
-@pytest.fixture
-def app(settings: Settings) -> Iterator[Any]:
+@contextmanager
+def running_app(settings: Settings) -> Iterator[Any]:
+    """The Flask app for `settings`, in testing mode; its connection pool closed afterwards."""
     from service import create_app
 
     application = create_app(settings)
     application.config["TESTING"] = True
-    yield application
-    application.extensions["quota"].pool.close()
+    try:
+        yield application
+    finally:
+        application.extensions["quota"].pool.close()
+
+
+@pytest.fixture
+def app(settings: Settings) -> Iterator[Any]:
+    with running_app(settings) as application:
+        yield application
 
 
 @pytest.fixture

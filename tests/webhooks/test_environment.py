@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from service.config import Settings
+from tests.conftest import running_app
 from tests.webhooks.helpers import (
     STRIPE_ACCOUNT,
     create_account,
@@ -29,12 +30,8 @@ PRO = ("pro", "active", 500, "plan")
 
 @pytest.fixture
 def production_client(settings: Settings) -> Iterator[Any]:
-    from service import create_app
-
-    app = create_app(dataclasses.replace(settings, webhook_environment="production"))
-    app.config["TESTING"] = True
-    yield app.test_client()
-    app.extensions["quota"].pool.close()
+    with running_app(dataclasses.replace(settings, webhook_environment="production")) as app:
+        yield app.test_client()
 
 
 def stripe_event(event_id: str, *, livemode: bool) -> dict[str, Any]:
