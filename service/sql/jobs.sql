@@ -128,9 +128,11 @@ ON CONFLICT (account_id, metric) DO NOTHING
 RETURNING account_id, metric, plan_limit, free_limit, lapsed
 
 -- name: plan_sync_apply
--- The set-based form of the limit part of `apply_plan`, for a batch of accounts: rows whose stored plan limit,
--- free limit or lapsed flag differ from the target are locked (in key order, as the reset locks
--- them), updated and audited with old and new values. The override columns are never written.
+-- The set-based form of quotas_follow_plan (migrations/0006, what `apply_plan` and webhook
+-- deliveries call for one account), for a batch of accounts: rows whose stored plan limit, free
+-- limit or lapsed flag differ from the target are locked (in key order, as the reset locks them),
+-- updated and audited with old and new values. The override columns are never written. Kept
+-- set-based rather than a call per account: a sync touches every account in batches.
 WITH target AS (
     SELECT * FROM unnest(%(account_ids)s::text[], %(metrics)s::text[], %(plan_limits)s::bigint[],
                          %(free_limits)s::bigint[], %(lapsed)s::boolean[])
