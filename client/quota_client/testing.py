@@ -96,6 +96,14 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
         self._used: dict[tuple[str, str, str], int] = {}
         self._takes: dict[int, _Take] = {}
         self._keys: dict[tuple[str, str], int] = {}
+        self._failures: list[int] = []
+        self.requests = 0  # every request that arrived, failed ones included
+
+    def fail_next(self, count: int = 1, status: int = 503) -> None:
+        """Answer the next `count` requests with `status` and do nothing, as a service that is down
+        would: to test retries, and what a failed release does to a slot."""
+        with self._lock:
+            self._failures.extend([status] * count)
 
     # What an admin would do through the admin API.
 
@@ -130,6 +138,10 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
 
     def _respond(self, request: httpx.Request, content: bytes) -> httpx.Response:
         with self._lock:
+            self.requests += 1
+            if self._failures:
+                status = self._failures.pop(0)
+                return httpx.Response(status, json={"error": "unavailable", "message": "failing on purpose"})
             try:
                 status, body = self._route(
                     request.method, request.url.path, dict(request.url.params), content
@@ -237,7 +249,8 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
         counter = (take.account_id, take.metric, take.period)
         given = min(take.units, self._used.get(counter, 0))
         self._used[counter] = self._used.get(counter, 0) - given
-        return 200, {"released": True, **self._counter_json(take.account_id, take.metric), "units": given}
+        counter_now = self._counter_json(take.account_id, take.metric)
+        return 200, {"released": True, "take_id": take_id, **counter_now, "units": given}
 
     def _usage(self, account_id: str, params: dict[str, str]) -> Reply:
         fields = {name: ["Unknown field."] for name in params if name not in ("metric", "period")}
@@ -329,19 +342,27 @@ def _account_id(value: str) -> str:
 
 class InMemoryQuota(QuotaClient):
     """A QuotaClient over an `InMemoryService` (made from `limits`, or the `service` given, which
-    lets a sync and an async fake share one state). Adds the service's admin actions: `set_limit`,
-    `clear_limit`, `delete_account`."""
+    lets a sync and an async fake share one state). Retries as the real client does, without the
+    waits (`backoff` 0). Adds the service's admin actions: `set_limit`, `clear_limit`,
+    `delete_account`; `service.fail_next()` makes the next calls fail with 503."""
 
     def __init__(
         self,
         limits: Mapping[str, int | None] | None = None,
         *,
         service: InMemoryService | None = None,
+        retries: int = 3,
+        backoff: float = 0.0,
         on_release_error: OnReleaseError = log_release_error,
     ) -> None:
         self.service = service or InMemoryService(limits or {})
         super().__init__(
-            BASE_URL, "in-memory", retries=0, on_release_error=on_release_error, transport=self.service
+            BASE_URL,
+            "in-memory",
+            retries=retries,
+            backoff=backoff,
+            on_release_error=on_release_error,
+            transport=self.service,
         )
 
     def set_limit(self, account_id: str, metric: str, limit: int | None) -> None:
@@ -362,11 +383,18 @@ class AsyncInMemoryQuota(AsyncQuotaClient):
         limits: Mapping[str, int | None] | None = None,
         *,
         service: InMemoryService | None = None,
+        retries: int = 3,
+        backoff: float = 0.0,
         on_release_error: OnReleaseError = log_release_error,
     ) -> None:
         self.service = service or InMemoryService(limits or {})
         super().__init__(
-            BASE_URL, "in-memory", retries=0, on_release_error=on_release_error, transport=self.service
+            BASE_URL,
+            "in-memory",
+            retries=retries,
+            backoff=backoff,
+            on_release_error=on_release_error,
+            transport=self.service,
         )
 
     def set_limit(self, account_id: str, metric: str, limit: int | None) -> None:
