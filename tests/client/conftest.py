@@ -104,7 +104,7 @@ def live_service(settings: Settings) -> Iterator[str]:
     """The app served on a real socket by werkzeug in a thread; its base URL."""
     with running_app(settings) as app:
         server = make_server("127.0.0.1", 0, app, threaded=True)
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
         thread.start()
         try:
             yield f"http://127.0.0.1:{server.server_port}"

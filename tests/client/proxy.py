@@ -1,6 +1,7 @@
 """A TCP proxy in front of the live service that can make the network fail on purpose: refuse the
-next requests with a 503 that never reaches the service, or forward them and cut the connection
-once the service has answered, so that the client never sees an answer the service did apply."""
+next requests with a 503 that never reaches the service, or forward them and then cut the
+connection (drop) or hold the answer back until the client gives up (stall), so that the client
+never sees an answer that the service did apply."""
 
 from __future__ import annotations
 
@@ -64,6 +65,10 @@ class FlakyProxy:
         with self._lock:
             self._plan.extend(["drop"] * count)
 
+    def stall_next(self, count: int = 1) -> None:
+        with self._lock:
+            self._plan.extend(["stall"] * count)
+
     def __enter__(self) -> FlakyProxy:
         self._thread.start()
         return self
@@ -92,9 +97,11 @@ class FlakyProxy:
                     conn.sendall(_refusal())
                     return
                 answer = self._forward(request)
-                if action == "drop":
+                if action != "forward":
                     with self._lock:
                         self.dropped += 1
+                    if action == "stall":
+                        conn.recv(1)  # until the client times out and closes, or our own timeout
                     return  # the service has answered; the client gets a closed connection instead
                 conn.sendall(answer)
 
