@@ -20,7 +20,7 @@ from urllib.parse import quote
 import httpx
 
 from quota_client import models
-from quota_client.errors import ApiError, ConnectionFailed, QuotaExceededError, api_error
+from quota_client.errors import ApiError, ConnectionFailedError, QuotaExceededError, api_error
 from quota_client.models import Account, MetricLimit, ReleaseResult, TakeResult, Usage
 
 log = logging.getLogger("quota_client")
@@ -101,7 +101,7 @@ def send(call: Call, policy: RetryPolicy) -> Exchange[Answer]:
             retry_after = outcome.retry_after
         else:
             if last or not isinstance(outcome, RETRYABLE):
-                raise ConnectionFailed(
+                raise ConnectionFailedError(
                     f"{call.method} {call.path}: no answer after {attempt + 1} attempt(s): {outcome!r}"
                 ) from outcome
             retry_after = None

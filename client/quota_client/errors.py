@@ -63,7 +63,7 @@ class ServerError(ApiError):
     """The service failed (5xx), and kept failing through every retry."""
 
 
-class ConnectionFailed(QuotaClientError):
+class ConnectionFailedError(QuotaClientError):
     """No answer from the service (connection refused or dropped, timeout) through every retry.
     The request may or may not have been applied; a take retried later with the same idempotency
     key still counts once."""

@@ -340,6 +340,14 @@ def _account_id(value: str) -> str:
     return value
 
 
+def _service(limits: Mapping[str, int | None] | None, service: InMemoryService | None) -> InMemoryService:
+    if service is not None:
+        return service
+    if limits is None:
+        raise TypeError("give the metrics' limits (limits={'urls': 50}) or an InMemoryService")
+    return InMemoryService(limits)
+
+
 class InMemoryQuota(QuotaClient):
     """A QuotaClient over an `InMemoryService` (made from `limits`, or the `service` given, which
     lets a sync and an async fake share one state). Retries as the real client does, without the
@@ -355,7 +363,7 @@ class InMemoryQuota(QuotaClient):
         backoff: float = 0.0,
         on_release_error: OnReleaseError = log_release_error,
     ) -> None:
-        self.service = service or InMemoryService(limits or {})
+        self.service = _service(limits, service)
         super().__init__(
             BASE_URL,
             "in-memory",
@@ -387,7 +395,7 @@ class AsyncInMemoryQuota(AsyncQuotaClient):
         backoff: float = 0.0,
         on_release_error: OnReleaseError = log_release_error,
     ) -> None:
-        self.service = service or InMemoryService(limits or {})
+        self.service = _service(limits, service)
         super().__init__(
             BASE_URL,
             "in-memory",

@@ -7,6 +7,7 @@ on the network; set-up that is not under test (limits, soft delete) is plain SQL
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -20,7 +21,7 @@ from werkzeug.serving import make_server
 from service.config import Settings
 from service.keys import create_key
 from tests.client.proxy import FlakyProxy
-from tests.conftest import running_app
+from tests.conftest import PLANS_FILE, running_app, with_database
 from tests.db.helpers import set_override, soft_delete
 
 # The free plan of tests/plans.toml, which a new account of the service is on.
@@ -99,9 +100,35 @@ def _memory_options(options: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in options.items() if k in ("retries", "backoff", "on_release_error")}
 
 
+@pytest.fixture(scope="session")
+def service_db(pg_url: str, template_db: str) -> Iterator[str]:
+    """One migrated database for every client test: the client treats the service as a black box
+    that many callers share, so each test keeps to accounts of its own (`acc`) instead of paying
+    for a database clone and a server start per test."""
+    name = f"ql_client_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    yield with_database(pg_url, name)
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 @pytest.fixture
-def live_service(settings: Settings) -> Iterator[str]:
+def conn(service_db: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(service_db, autocommit=True) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def live_service(service_db: str, redis_url: str) -> Iterator[str]:
     """The app served on a real socket by werkzeug in a thread; its base URL."""
+    settings = Settings(
+        database_url=service_db,
+        redis_url=redis_url,
+        plans_file=PLANS_FILE,
+        db_pool_size=8,
+        key_cache_seconds=0.0,
+    )
     with running_app(settings) as app:
         server = make_server("127.0.0.1", 0, app, threaded=True)
         thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
@@ -114,16 +141,29 @@ def live_service(settings: Settings) -> Iterator[str]:
             server.server_close()
 
 
-@pytest.fixture
-def proxy(live_service: str) -> Iterator[FlakyProxy]:
+@pytest.fixture(scope="session")
+def _proxy(live_service: str) -> Iterator[FlakyProxy]:
     host, port = live_service.removeprefix("http://").split(":")
     with FlakyProxy((host, int(port))) as p:
         yield p
 
 
 @pytest.fixture
-def product_key(conn: psycopg.Connection[Any]) -> str:
-    return create_key(conn, name="client-product", role="product")
+def proxy(_proxy: FlakyProxy) -> FlakyProxy:
+    _proxy.reset()
+    return _proxy
+
+
+@pytest.fixture(scope="session")
+def product_key(service_db: str) -> str:
+    with psycopg.connect(service_db, autocommit=True) as c:
+        return create_key(c, name="client-product", role="product")
+
+
+@pytest.fixture
+def acc() -> str:
+    """An account id of this test's own."""
+    return f"acc-{uuid.uuid4().hex[:12]}"
 
 
 @pytest.fixture(params=["service", "memory"])

@@ -57,6 +57,11 @@ class FlakyProxy:
         host, port = self._listener.getsockname()[:2]
         return f"http://{host}:{port}"
 
+    def reset(self) -> None:
+        with self._lock:
+            self.requests = self.dropped = 0
+            self._plan.clear()
+
     def refuse_next(self, count: int = 1) -> None:
         with self._lock:
             self._plan.extend(["refuse"] * count)

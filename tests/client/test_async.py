@@ -14,49 +14,49 @@ class Boom(Exception):
 
 
 @pytest.fixture
-async def quota(backend):
+async def quota(backend, acc):
     async with backend.async_client() as client:
-        await client.ensure_account("acc-1")
+        await client.ensure_account(acc)
         yield client
 
 
-async def test_grant_refusal_release(quota, backend):
-    backend.set_limit("acc-1", "urls", 2)
-    took = await quota.take("acc-1", "urls", units=2)
+async def test_grant_refusal_release(quota, backend, acc):
+    backend.set_limit(acc, "urls", 2)
+    took = await quota.take(acc, "urls", units=2)
     assert (took.granted, took.used, took.limit, took.remaining) == (True, 2, 2, 0)
-    refused = await quota.take("acc-1", "urls")
+    refused = await quota.take(acc, "urls")
     assert (refused.granted, refused.reason, refused.used, refused.remaining) == (False, "exhausted", 2, 0)
     assert (await quota.release(took)).released
-    assert (await quota.usage("acc-1", "urls")).used == 0
-    assert (await quota.limits("acc-1"))["urls"].used == 0
-    assert (await quota.account("acc-1")).id == "acc-1"
+    assert (await quota.usage(acc, "urls")).used == 0
+    assert (await quota.limits(acc))["urls"].used == 0
+    assert (await quota.account(acc)).id == acc
     with pytest.raises(UnknownAccountError):
         await quota.take("nobody", "urls")
 
 
-async def test_slot_releases_when_the_block_raises_and_reraises_the_original(quota):
+async def test_slot_releases_when_the_block_raises_and_reraises_the_original(quota, acc):
     original = Boom("the work failed")
     with pytest.raises(Boom) as e:
-        async with quota.slot("acc-1", "urls") as take:
-            assert take.granted and (await quota.usage("acc-1", "urls")).used == 1
+        async with quota.slot(acc, "urls") as take:
+            assert take.granted and (await quota.usage(acc, "urls")).used == 1
             raise original
     assert e.value is original
-    assert (await quota.usage("acc-1", "urls")).used == 0
+    assert (await quota.usage(acc, "urls")).used == 0
 
 
-async def test_slot_refused_raises_and_skips_the_block(quota, backend):
-    backend.set_limit("acc-1", "urls", 0)
+async def test_slot_refused_raises_and_skips_the_block(quota, backend, acc):
+    backend.set_limit(acc, "urls", 0)
     ran = []
     with pytest.raises(QuotaExceededError) as e:
-        async with quota.slot("acc-1", "urls"):
+        async with quota.slot(acc, "urls"):
             ran.append(True)
     assert ran == [] and (e.value.used, e.value.limit, e.value.remaining) == (0, 0, 0)
 
 
-async def test_slot_as_a_decorator_of_coroutine_functions(quota, backend):
-    backend.set_limit("acc-1", "urls", 1)
+async def test_slot_as_a_decorator_of_coroutine_functions(quota, backend, acc):
+    backend.set_limit(acc, "urls", 1)
 
-    @quota.slot("acc-1", "urls")
+    @quota.slot(acc, "urls")
     async def shorten(url: str, fail: bool = False) -> str:
         if fail:
             raise Boom(url)
@@ -67,18 +67,18 @@ async def test_slot_as_a_decorator_of_coroutine_functions(quota, backend):
     assert await shorten("abcdef") == "abc"
     with pytest.raises(QuotaExceededError):
         await shorten("one too many")
-    assert (await quota.usage("acc-1", "urls")).used == 1
+    assert (await quota.usage(acc, "urls")).used == 1
 
 
-async def test_a_failed_release_goes_to_on_release_error_and_the_original_propagates(backend):
+async def test_a_failed_release_goes_to_on_release_error_and_the_original_propagates(backend, acc):
     failures = []
     async with backend.async_client(
         retries=0, on_release_error=lambda e, t: failures.append((e, t))
     ) as quota:
-        await quota.ensure_account("acc-1")
+        await quota.ensure_account(acc)
         original = Boom()
         with pytest.raises(Boom) as e:
-            async with quota.slot("acc-1", "urls") as take:
+            async with quota.slot(acc, "urls") as take:
                 backend.fail_next(1)
                 raise original
         assert e.value is original
@@ -86,12 +86,12 @@ async def test_a_failed_release_goes_to_on_release_error_and_the_original_propag
         assert isinstance(error, ServerError) and error.status == 503 and failed_take == take
 
 
-async def test_503_is_retried_and_4xx_is_not(quota, backend):
+async def test_503_is_retried_and_4xx_is_not(quota, backend, acc):
     before = backend.requests
     backend.fail_next(2)
-    assert (await quota.take("acc-1", "urls")).used == 1
+    assert (await quota.take(acc, "urls")).used == 1
     assert backend.requests - before == 3
     before = backend.requests
     with pytest.raises(ValidationError):
-        await quota.take("acc-1", "urls", units=0)
+        await quota.take(acc, "urls", units=0)
     assert backend.requests - before == 1

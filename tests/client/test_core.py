@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from quota_client import ApiError, ConnectionFailed, QuotaClient, ServerError
+from quota_client import ApiError, ConnectionFailedError, QuotaClient, ServerError
 from quota_client._core import RetryPolicy
 
 
@@ -59,7 +59,7 @@ def test_an_error_that_will_not_heal_is_not_retried():
         calls.append(request)
         raise httpx.UnsupportedProtocol("no such scheme", request=request)
 
-    with client_over(handler) as quota, pytest.raises(ConnectionFailed):
+    with client_over(handler) as quota, pytest.raises(ConnectionFailedError):
         quota.account("acc-1")
     assert len(calls) == 1
 
