@@ -172,7 +172,7 @@ class Operations:
     ) -> Exchange[TakeResult]:
         # The key is made once, before the first attempt: a retry whose first answer was lost then
         # gets the original take back (200) instead of taking again.
-        key = idempotency_key or new_idempotency_key()
+        key = new_idempotency_key() if idempotency_key is None else idempotency_key
         body = {"metric": metric, "units": units, "idempotency_key": key}
         call = Call("POST", f"/v1/accounts/{segment(account_id)}/takes", json=body)
         got = yield from send(call, self.policy)

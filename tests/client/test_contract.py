@@ -139,6 +139,9 @@ def test_invalid_requests_raise_validation_errors_with_the_fields(quota, acc):
         quota.take(acc, "urls", units=0)
     assert (e.value.code, set(e.value.fields)) == ("validation_failed", {"units"})
     with pytest.raises(ValidationError) as e:
+        quota.take(acc, "urls", idempotency_key="")
+    assert set(e.value.fields) == {"idempotency_key"}
+    with pytest.raises(ValidationError) as e:
         quota.usage(acc, "urls", period="2024-13")
     assert set(e.value.fields) == {"period"}
     with pytest.raises(ValidationError) as e:
