@@ -3,6 +3,8 @@ AsyncInMemoryQuota alike."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from quota_client import QuotaExceededError, ServerError, UnknownAccountError, ValidationError
 
@@ -95,3 +97,19 @@ async def test_503_is_retried_and_4xx_is_not(quota, backend, acc):
     with pytest.raises(ValidationError):
         await quota.take(acc, "urls", units=0)
     assert backend.requests - before == 1
+
+
+async def test_a_cancelled_block_gives_its_take_back(quota, acc):
+    started = asyncio.Event()
+
+    async def work():
+        async with quota.slot(acc, "urls"):
+            started.set()
+            await asyncio.sleep(30)
+
+    task = asyncio.create_task(work())
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert (await quota.usage(acc, "urls")).used == 0
