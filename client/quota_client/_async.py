@@ -11,8 +11,7 @@ from typing import ParamSpec, TypeVar
 import httpx
 
 from quota_client import _core
-from quota_client._core import Answer, Call, Exchange, OnReleaseError, Outcome, RetryPolicy
-from quota_client._sync import DEFAULT_TIMEOUT
+from quota_client._core import DEFAULT_TIMEOUT, Answer, Call, Exchange, OnReleaseError, Outcome, RetryPolicy
 from quota_client.models import Account, MetricLimit, ReleaseResult, TakeResult, Usage
 
 P = ParamSpec("P")
@@ -30,9 +29,9 @@ class AsyncQuotaClient:
         api_key: str,
         *,
         timeout: float = DEFAULT_TIMEOUT,
-        retries: int = 3,
-        backoff: float = 0.2,
-        max_backoff: float = 5.0,
+        retries: int = RetryPolicy.retries,
+        backoff: float = RetryPolicy.backoff,
+        max_backoff: float = RetryPolicy.max_backoff,
         on_release_error: OnReleaseError = _core.log_release_error,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:

@@ -26,6 +26,7 @@ from quota_client.models import Account, MetricLimit, ReleaseResult, TakeResult,
 log = logging.getLogger("quota_client")
 
 T = TypeVar("T")
+DEFAULT_TIMEOUT = 5.0  # seconds, for each of connect, write, read and pool wait
 OnReleaseError = Callable[[Exception, TakeResult], None]
 
 

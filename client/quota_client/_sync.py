@@ -11,14 +11,12 @@ from typing import ParamSpec, TypeVar
 import httpx
 
 from quota_client import _core
-from quota_client._core import Answer, Call, Exchange, OnReleaseError, Outcome, RetryPolicy
+from quota_client._core import DEFAULT_TIMEOUT, Answer, Call, Exchange, OnReleaseError, Outcome, RetryPolicy
 from quota_client.models import Account, MetricLimit, ReleaseResult, TakeResult, Usage
 
 P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
-
-DEFAULT_TIMEOUT = 5.0
 
 
 class QuotaClient:
@@ -36,9 +34,9 @@ class QuotaClient:
         api_key: str,
         *,
         timeout: float = DEFAULT_TIMEOUT,
-        retries: int = 3,
-        backoff: float = 0.2,
-        max_backoff: float = 5.0,
+        retries: int = RetryPolicy.retries,
+        backoff: float = RetryPolicy.backoff,
+        max_backoff: float = RetryPolicy.max_backoff,
         on_release_error: OnReleaseError = _core.log_release_error,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
