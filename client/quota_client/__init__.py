@@ -1,0 +1,54 @@
+"""Python client of the quota ledger service.
+
+    from quota_client import QuotaClient
+
+    with QuotaClient("https://quota.internal", api_key) as quota:
+        with quota.slot("acc-1", "urls"):
+            shorten(url)
+
+`quota_client.testing.InMemoryQuota` is the same client over an in-memory service, for tests.
+"""
+
+from quota_client._async import AsyncQuotaClient, AsyncSlot
+from quota_client._core import OnReleaseError
+from quota_client._sync import QuotaClient, Slot
+from quota_client.errors import (
+    AccountDeletedError,
+    ApiError,
+    AuthError,
+    ConflictError,
+    ConnectionFailedError,
+    NotFoundError,
+    QuotaClientError,
+    QuotaExceededError,
+    ServerError,
+    UnknownAccountError,
+    UnknownTakeError,
+    ValidationError,
+)
+from quota_client.models import Account, MetricLimit, ReleaseResult, TakeResult, Usage
+
+__all__ = [
+    "Account",
+    "AccountDeletedError",
+    "ApiError",
+    "AsyncQuotaClient",
+    "AsyncSlot",
+    "AuthError",
+    "ConflictError",
+    "ConnectionFailedError",
+    "MetricLimit",
+    "NotFoundError",
+    "OnReleaseError",
+    "QuotaClient",
+    "QuotaClientError",
+    "QuotaExceededError",
+    "ReleaseResult",
+    "ServerError",
+    "Slot",
+    "TakeResult",
+    "UnknownAccountError",
+    "UnknownTakeError",
+    "Usage",
+    "ValidationError",
+]

@@ -1,0 +1,218 @@
+"""The client without I/O: what to send, what an answer means, when to retry and how long to wait.
+
+Every operation is a generator that yields `Call`s (send this) and `Sleep`s (wait this long) and is
+sent back each call's outcome: an `Answer`, or the transport's exception. `QuotaClient` and
+`AsyncQuotaClient` only drive these generators with their own I/O, so the contract, the retry rule
+and the idempotency key live here once for both.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import uuid
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import httpx
+
+from quota_client import models
+from quota_client.errors import ApiError, ConnectionFailedError, QuotaExceededError, api_error
+from quota_client.models import Account, MetricLimit, ReleaseResult, TakeResult, Usage
+
+log = logging.getLogger("quota_client")
+
+T = TypeVar("T")
+DEFAULT_TIMEOUT = 5.0  # seconds, for each of connect, write, read and pool wait
+OnReleaseError = Callable[[Exception, TakeResult], None]
+
+
+@dataclass(frozen=True)
+class Call:
+    method: str
+    path: str
+    json: dict[str, Any] | None = None
+    params: dict[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class Sleep:
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: Any  # the decoded JSON, or None when the body is not JSON (e.g. a proxy's error page)
+    retry_after: float | None = None
+
+
+Step = Call | Sleep
+Outcome = Answer | Exception | None
+Exchange = Generator[Step, Outcome, T]
+
+# Worth another attempt: the request may not have arrived, or its answer was lost on the way back.
+# Anything else a transport raises (a malformed URL, an unsupported scheme) will fail the same way again.
+RETRYABLE = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
+
+
+def answer(status: int, headers: Mapping[str, str], content: bytes) -> Answer:
+    try:
+        body = json.loads(content) if content else None
+    except ValueError:
+        body = None
+    try:
+        retry_after: float | None = float(headers.get("retry-after", ""))
+    except ValueError:
+        retry_after = None  # absent, or an HTTP date, which no part of this service sends
+    return Answer(status, body, retry_after)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetryPolicy:
+    """`retries` more attempts after the first; before attempt n+1 a random wait of up to
+    min(`max_backoff`, `backoff` * 2**n) seconds. The jitter spreads the retries of many clients
+    that failed together, so that they do not hit a recovering service at the same instant."""
+
+    retries: int = 3
+    backoff: float = 0.2
+    max_backoff: float = 5.0
+
+    def delay(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return max(0.0, min(self.max_backoff, retry_after))
+        return random.uniform(0.0, min(self.max_backoff, self.backoff * 2**attempt))
+
+
+def send(call: Call, policy: RetryPolicy) -> Exchange[Answer]:
+    """The call, retried on no answer and on 5xx; any other answer (2xx, 4xx) is final.
+    Every call of this API is safe to repeat as it is (takes carry their idempotency key)."""
+    attempt = 0
+    while True:
+        outcome = yield call
+        if isinstance(outcome, Answer) and outcome.status < 500:
+            return outcome
+        last = attempt >= policy.retries
+        if isinstance(outcome, Answer):
+            if last:
+                return outcome
+            retry_after = outcome.retry_after
+        else:
+            if last or not isinstance(outcome, RETRYABLE):
+                raise ConnectionFailedError(
+                    f"{call.method} {call.path}: no answer after {attempt + 1} attempt(s): {outcome!r}"
+                ) from outcome
+            retry_after = None
+        log.debug("%s %s: attempt %d failed (%r), retrying", call.method, call.path, attempt + 1, outcome)
+        yield Sleep(policy.delay(attempt, retry_after))
+        attempt += 1
+
+
+def segment(value: str) -> str:
+    """A path segment: percent-encoded, and "." / ".." (valid account ids) spelled so that no URL
+    normalisation on the way can read them as "this" or "the parent" directory."""
+    if value in (".", ".."):
+        return value.replace(".", "%2E")
+    return quote(value, safe="")
+
+
+def ok(answer: Answer) -> dict[str, Any]:
+    if 200 <= answer.status < 300 and isinstance(answer.body, dict):
+        return answer.body
+    if 200 <= answer.status < 300:
+        raise ApiError(answer.status, "invalid_response", "the answer is not a JSON object")
+    raise api_error(answer.status, answer.body)
+
+
+def new_idempotency_key() -> str:
+    return f"qc-{uuid.uuid4().hex}"
+
+
+def take_id_of(take: TakeResult | int) -> int:
+    if isinstance(take, TakeResult):
+        if take.take_id is None:
+            raise ValueError("this take was refused; there is nothing to release")
+        return take.take_id
+    return take
+
+
+class Operations:
+    """The API's operations as exchanges, under one retry policy."""
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self.policy = policy
+
+    def account(self, account_id: str) -> Exchange[Account]:
+        got = yield from send(Call("GET", f"/v1/accounts/{segment(account_id)}"), self.policy)
+        return models.account(ok(got))
+
+    def ensure_account(
+        self, account_id: str, *, kind: str, stripe_customer_id: str | None = None
+    ) -> Exchange[Account]:
+        body: dict[str, Any] = {"kind": kind}
+        if stripe_customer_id is not None:
+            body["stripe_customer_id"] = stripe_customer_id
+        got = yield from send(Call("PUT", f"/v1/accounts/{segment(account_id)}", json=body), self.policy)
+        return models.account(ok(got))
+
+    def limits(self, account_id: str) -> Exchange[dict[str, MetricLimit]]:
+        account = yield from self.account(account_id)
+        return account.limits
+
+    def usage(self, account_id: str, metric: str, period: str | None = None) -> Exchange[Usage]:
+        params = {"metric": metric} if period is None else {"metric": metric, "period": period}
+        call = Call("GET", f"/v1/accounts/{segment(account_id)}/usage", params=params)
+        got = yield from send(call, self.policy)
+        return models.usage(ok(got))
+
+    def take(
+        self, account_id: str, metric: str, units: int = 1, idempotency_key: str | None = None
+    ) -> Exchange[TakeResult]:
+        # The key is made once, before the first attempt: a retry whose first answer was lost then
+        # gets the original take back (200) instead of taking again.
+        key = new_idempotency_key() if idempotency_key is None else idempotency_key
+        body = {"metric": metric, "units": units, "idempotency_key": key}
+        call = Call("POST", f"/v1/accounts/{segment(account_id)}/takes", json=body)
+        got = yield from send(call, self.policy)
+        if got.status == 409 and isinstance(got.body, dict) and got.body.get("error") == "quota_exhausted":
+            return models.refused_take(
+                got.body, account_id=account_id, metric=metric, units=units, idempotency_key=key
+            )
+        return models.take_result(
+            ok(got), account_id=account_id, units=units, idempotency_key=key, replayed=got.status == 200
+        )
+
+    def release(self, take: TakeResult | int) -> Exchange[ReleaseResult]:
+        got = yield from send(Call("POST", f"/v1/takes/{take_id_of(take)}/release"), self.policy)
+        return models.release_result(ok(got))
+
+
+def granted_or_raise(take: TakeResult) -> TakeResult:
+    """What `slot` does with a take: a refusal becomes QuotaExceededError, before the block runs."""
+    if not take.granted:
+        raise QuotaExceededError(take)
+    return take
+
+
+def log_release_error(error: Exception, take: TakeResult) -> None:
+    """The default `on_release_error`: the units stay taken until the month's reset, so say which."""
+    log.warning(
+        "could not release take %s (%s units of %s for %s): %s",
+        take.take_id,
+        take.units,
+        take.metric,
+        take.account_id,
+        error,
+    )
+
+
+def report_release_error(callback: OnReleaseError, error: Exception, take: TakeResult) -> None:
+    """Hand a failed release to the callback. Called while the block's own exception propagates,
+    which must stay the one the caller sees: a failing callback is logged, never raised."""
+    try:
+        callback(error, take)
+    except Exception:
+        log.exception("on_release_error failed for take %s", take.take_id)

@@ -1,0 +1,185 @@
+"""The client against a real running service (served over a socket, real Postgres) and against
+InMemoryQuota: `backend` runs each contract test on both.
+
+On the service side the client goes through FlakyProxy, so that a test can refuse or lose requests
+on the network; set-up that is not under test (limits, soft delete) is plain SQL, as in tests/db."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import psycopg
+import pytest
+from quota_client import AsyncQuotaClient, QuotaClient
+from quota_client.testing import AsyncInMemoryQuota, InMemoryQuota, InMemoryService
+from werkzeug.serving import make_server
+
+from service.config import Settings
+from service.keys import create_key
+from tests.client.proxy import FlakyProxy
+from tests.conftest import PLANS_FILE, running_app, with_database
+from tests.db.helpers import set_override, soft_delete
+
+# The free plan of tests/plans.toml, which a new account of the service is on.
+FREE_LIMITS = {"urls": 50, "api_calls": 1000, "seats": 1}
+FAST = {"retries": 3, "backoff": 0.001, "max_backoff": 0.01, "timeout": 10.0}
+
+
+class Backend(Protocol):
+    name: str
+
+    def client(self, **options: Any) -> QuotaClient: ...
+    def async_client(self, **options: Any) -> AsyncQuotaClient: ...
+    def set_limit(self, account_id: str, metric: str, limit: int | None) -> None: ...
+    def delete(self, account_id: str) -> None: ...
+    def fail_next(self, count: int) -> None:
+        """The next `count` requests are answered 503 without reaching the quota logic."""
+
+    @property
+    def requests(self) -> int:
+        """Requests that reached the front of the backend so far."""
+
+
+@dataclass
+class ServiceBackend:
+    proxy: FlakyProxy
+    key: str
+    conn: psycopg.Connection[Any]
+    name: str = "service"
+
+    def client(self, **options: Any) -> QuotaClient:
+        return QuotaClient(self.proxy.url, self.key, **{**FAST, **options})
+
+    def async_client(self, **options: Any) -> AsyncQuotaClient:
+        return AsyncQuotaClient(self.proxy.url, self.key, **{**FAST, **options})
+
+    def set_limit(self, account_id: str, metric: str, limit: int | None) -> None:
+        set_override(self.conn, account_id, metric, limit)
+
+    def delete(self, account_id: str) -> None:
+        soft_delete(self.conn, account_id)
+
+    def fail_next(self, count: int) -> None:
+        self.proxy.refuse_next(count)
+
+    @property
+    def requests(self) -> int:
+        return self.proxy.requests
+
+
+@dataclass
+class MemoryBackend:
+    service: InMemoryService
+    name: str = "memory"
+
+    def client(self, **options: Any) -> QuotaClient:
+        return InMemoryQuota(service=self.service, **_memory_options(options))
+
+    def async_client(self, **options: Any) -> AsyncQuotaClient:
+        return AsyncInMemoryQuota(service=self.service, **_memory_options(options))
+
+    def set_limit(self, account_id: str, metric: str, limit: int | None) -> None:
+        self.service.set_limit(account_id, metric, limit)
+
+    def delete(self, account_id: str) -> None:
+        self.service.delete_account(account_id)
+
+    def fail_next(self, count: int) -> None:
+        self.service.fail_next(count)
+
+    @property
+    def requests(self) -> int:
+        return self.service.requests
+
+
+def _memory_options(options: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in options.items() if k in ("retries", "backoff", "on_release_error")}
+
+
+@pytest.fixture(scope="session")
+def service_db(pg_url: str, template_db: str) -> Iterator[str]:
+    """One migrated database for every client test: the client treats the service as a black box
+    that many callers share, so each test keeps to accounts of its own (`acc`) instead of paying
+    for a database clone and a server start per test."""
+    name = f"ql_client_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    yield with_database(pg_url, name)
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def conn(service_db: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(service_db, autocommit=True) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def live_service(service_db: str, redis_url: str) -> Iterator[str]:
+    """The app served on a real socket by werkzeug in a thread; its base URL."""
+    settings = Settings(
+        database_url=service_db,
+        redis_url=redis_url,
+        plans_file=PLANS_FILE,
+        db_pool_size=8,
+        key_cache_seconds=0.0,
+    )
+    with running_app(settings) as app:
+        server = make_server("127.0.0.1", 0, app, threaded=True)
+        thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{server.server_port}"
+        finally:
+            server.shutdown()
+            thread.join(5)
+            server.server_close()
+
+
+@pytest.fixture(scope="session")
+def _proxy(live_service: str) -> Iterator[FlakyProxy]:
+    host, port = live_service.removeprefix("http://").split(":")
+    with FlakyProxy((host, int(port))) as p:
+        yield p
+
+
+@pytest.fixture
+def proxy(_proxy: FlakyProxy) -> FlakyProxy:
+    _proxy.reset()
+    return _proxy
+
+
+@pytest.fixture(scope="session")
+def product_key(service_db: str) -> str:
+    with psycopg.connect(service_db, autocommit=True) as c:
+        return create_key(c, name="client-product", role="product")
+
+
+@pytest.fixture
+def acc() -> str:
+    """An account id of this test's own."""
+    return f"acc-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(params=["service", "memory"])
+def backend(request: pytest.FixtureRequest) -> Backend:
+    if request.param == "memory":
+        return MemoryBackend(InMemoryService(FREE_LIMITS))
+    proxy = request.getfixturevalue("proxy")
+    return ServiceBackend(proxy, request.getfixturevalue("product_key"), request.getfixturevalue("conn"))
+
+
+@pytest.fixture
+def quota(backend: Backend) -> Iterator[QuotaClient]:
+    with backend.client() as client:
+        yield client
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # the async client sleeps with asyncio

@@ -1,0 +1,298 @@
+"""The client's contract, run against the real service and against InMemoryQuota alike: what the
+fake promises product tests is what the service does."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from quota_client import (
+    AccountDeletedError,
+    ConflictError,
+    NotFoundError,
+    QuotaExceededError,
+    ServerError,
+    TakeResult,
+    UnknownAccountError,
+    UnknownTakeError,
+    ValidationError,
+)
+
+PERIOD = datetime.now(UTC).strftime("%Y-%m")
+
+
+def test_ensure_account_then_its_limits(quota, acc):
+    created = quota.ensure_account(acc, kind="team")
+    assert (created.id, created.kind, created.deleted) == (acc, "team", False)
+    urls = quota.limits(acc)["urls"]
+    assert (urls.limit, urls.limit_source, urls.used, urls.remaining, urls.period) == (
+        50,
+        "plan",
+        0,
+        50,
+        PERIOD,
+    )
+    assert urls.resets_at.endswith("-01T00:00:00Z")
+    assert quota.ensure_account(acc, kind="user").kind == "user"
+    assert quota.account(acc).kind == "user"
+
+
+def test_take_is_granted_with_the_numbers(quota, acc):
+    quota.ensure_account(acc)
+    first = quota.take(acc, "urls")
+    second = quota.take(acc, "urls", units=3)
+    assert first.granted and second.granted and not second.replayed
+    assert isinstance(first.take_id, int) and second.take_id != first.take_id
+    assert (second.used, second.limit, second.remaining, second.limit_source, second.period) == (
+        4,
+        50,
+        46,
+        "plan",
+        PERIOD,
+    )
+    assert (second.account_id, second.metric, second.units, second.reason) == (acc, "urls", 3, None)
+    assert quota.usage(acc, "urls").used == 4
+
+
+def test_exhausted_is_a_result_with_the_numbers_and_takes_nothing(quota, backend, acc):
+    quota.ensure_account(acc)
+    backend.set_limit(acc, "urls", 2)
+    assert quota.take(acc, "urls", units=2).granted
+    refused = quota.take(acc, "urls")
+    assert not refused.granted and refused.reason == "exhausted" and refused.take_id is None
+    assert (refused.used, refused.limit, refused.remaining, refused.limit_source) == (2, 2, 0, "override")
+    assert refused.period == PERIOD
+    assert quota.usage(acc, "urls").used == 2
+
+
+def test_unlimited_has_no_limit_and_no_remaining(quota, backend, acc):
+    quota.ensure_account(acc)
+    backend.set_limit(acc, "urls", None)
+    took = quota.take(acc, "urls", units=1000)
+    assert (took.granted, took.limit, took.remaining, took.used) == (True, None, None, 1000)
+
+
+def test_same_idempotency_key_returns_the_original_take(quota, acc):
+    quota.ensure_account(acc)
+    first = quota.take(acc, "urls", units=2, idempotency_key="order-17")
+    quota.take(acc, "urls")
+    again = quota.take(acc, "urls", units=2, idempotency_key="order-17")
+    assert again.replayed and not first.replayed
+    assert (again.take_id, again.used, again.idempotency_key) == (first.take_id, 2, "order-17")
+    assert quota.usage(acc, "urls").used == 3
+    with pytest.raises(ConflictError) as e:
+        quota.take(acc, "urls", units=5, idempotency_key="order-17")
+    assert (e.value.status, e.value.code) == (409, "idempotency_key_reused")
+
+
+def test_release_gives_back_once(quota, acc):
+    quota.ensure_account(acc)
+    took = quota.take(acc, "urls", units=3)
+    released = quota.release(took)
+    assert (released.released, released.take_id, released.units, released.used) == (True, took.take_id, 3, 0)
+    assert (released.limit, released.remaining, released.metric) == (50, 50, "urls")
+    again = quota.release(took.take_id)
+    assert (again.released, again.reason) == (False, "already_released")
+    assert quota.usage(acc, "urls").used == 0
+
+
+def test_release_refusals(quota, acc):
+    quota.ensure_account(acc)
+    with pytest.raises(UnknownTakeError) as e:
+        quota.release(987654)
+    assert (e.value.status, e.value.code) == (404, "unknown_take")
+    refused = TakeResult(
+        granted=False, account_id=acc, metric="urls", units=1, take_id=None, used=0, limit=0,
+        remaining=0, limit_source="plan", period=PERIOD, idempotency_key="k", reason="exhausted",
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="refused"):
+        quota.release(refused)
+
+
+def test_unknown_and_deleted_accounts_raise(quota, backend, acc):
+    for call in (
+        lambda: quota.take("nobody", "urls"),
+        lambda: quota.account("nobody"),
+        lambda: quota.limits("nobody"),
+        lambda: quota.usage("nobody", "urls"),
+    ):
+        with pytest.raises(UnknownAccountError) as e:
+            call()
+        assert (e.value.status, e.value.code) == (404, "unknown_account")
+    quota.ensure_account(acc)
+    kept = quota.take(acc, "urls", idempotency_key="before")
+    backend.delete(acc)
+    with pytest.raises(AccountDeletedError) as deleted:
+        quota.take(acc, "urls")
+    assert (deleted.value.status, deleted.value.code) == (410, "account_deleted")
+    with pytest.raises(AccountDeletedError):
+        quota.ensure_account(acc)
+    assert quota.release(kept).released  # what was taken before the delete can still be given back
+
+
+def test_invalid_requests_raise_validation_errors_with_the_fields(quota, acc):
+    quota.ensure_account(acc)
+    with pytest.raises(ValidationError) as e:
+        quota.take(acc, "bananas")
+    assert (e.value.status, e.value.code) == (422, "unknown_metric")
+    with pytest.raises(ValidationError) as e:
+        quota.take(acc, "urls", units=0)
+    assert (e.value.code, set(e.value.fields)) == ("validation_failed", {"units"})
+    with pytest.raises(ValidationError) as e:
+        quota.take(acc, "urls", idempotency_key="")
+    assert set(e.value.fields) == {"idempotency_key"}
+    with pytest.raises(ValidationError) as e:
+        quota.usage(acc, "urls", period="2024-13")
+    assert set(e.value.fields) == {"period"}
+    with pytest.raises(ValidationError) as e:
+        quota.ensure_account(acc, kind="robot")
+    assert set(e.value.fields) == {"kind"}
+    with pytest.raises(ValidationError) as e:
+        quota.take("bad id", "urls")
+    assert set(e.value.fields) == {"id"}
+    with pytest.raises(NotFoundError) as e:  # a "/" makes it another path, which no route serves
+        quota.take("bad/id", "urls")
+    assert e.value.code == "not_found"
+    assert quota.usage(acc, "urls").used == 0
+
+
+def test_account_ids_that_look_like_path_steps(quota):
+    for account_id in (".", "..", "a:b@c.d-_"):
+        assert quota.ensure_account(account_id).id == account_id
+        assert quota.take(account_id, "urls").granted
+        assert quota.usage(account_id, "urls").used == 1
+
+
+def test_usage_of_a_period_without_takes_is_zero(quota, acc):
+    quota.ensure_account(acc)
+    quota.take(acc, "urls")
+    assert quota.usage(acc, "urls", period="2020-01").used == 0
+    assert quota.usage(acc, "urls", period=PERIOD).used == 1
+
+
+def test_slot_keeps_the_take_when_the_block_succeeds(quota, acc):
+    quota.ensure_account(acc)
+    with quota.slot(acc, "urls", units=2) as take:
+        assert take.granted and take.used == 2
+    assert quota.usage(acc, "urls").used == 2
+
+
+def test_slot_refused_raises_with_the_numbers_and_skips_the_block(quota, backend, acc):
+    quota.ensure_account(acc)
+    backend.set_limit(acc, "urls", 1)
+    quota.take(acc, "urls")
+    ran = []
+    with pytest.raises(QuotaExceededError) as e, quota.slot(acc, "urls"):
+        ran.append(True)
+    assert ran == []
+    assert (e.value.used, e.value.limit, e.value.remaining) == (1, 1, 0)
+    assert e.value.take.reason == "exhausted"
+
+
+class Boom(Exception):
+    pass
+
+
+def test_slot_releases_when_the_block_raises_and_reraises_the_original(quota, acc):
+    quota.ensure_account(acc)
+    original = Boom("the work failed")
+    with pytest.raises(Boom) as e, quota.slot(acc, "urls"):
+        assert quota.usage(acc, "urls").used == 1
+        raise original
+    assert e.value is original
+    assert quota.usage(acc, "urls").used == 0
+
+
+def test_slot_as_a_decorator_holds_a_slot_per_call(quota, backend, acc):
+    quota.ensure_account(acc)
+    backend.set_limit(acc, "urls", 2)
+
+    @quota.slot(acc, "urls")
+    def shorten(url: str, fail: bool = False) -> str:
+        if fail:
+            raise Boom(url)
+        return url[:5]
+
+    assert shorten.__name__ == "shorten"
+    assert shorten("https://example.com") == "https"
+    with pytest.raises(Boom):
+        shorten("x", fail=True)
+    assert shorten("again") == "again"
+    with pytest.raises(QuotaExceededError):
+        shorten("one too many")
+    assert quota.usage(acc, "urls").used == 2
+
+
+def test_a_failed_release_goes_to_on_release_error_and_the_original_propagates(backend, acc):
+    failures = []
+    with backend.client(
+        retries=1, on_release_error=lambda error, take: failures.append((error, take))
+    ) as quota:
+        quota.ensure_account(acc)
+        original = Boom("the work failed")
+        with pytest.raises(Boom) as e, quota.slot(acc, "urls") as take:
+            backend.fail_next(2)  # the release and its one retry
+            raise original
+        assert e.value is original
+        [(error, failed_take)] = failures
+        assert isinstance(error, ServerError) and (error.status, error.code) == (503, "unavailable")
+        assert failed_take == take
+        assert quota.usage(acc, "urls").used == 1  # not given back: the callback's to handle
+
+
+def test_the_default_on_release_error_logs_a_warning(backend, caplog, acc):
+    with backend.client(retries=0) as quota:
+        quota.ensure_account(acc)
+        with pytest.raises(Boom), quota.slot(acc, "urls") as take:
+            backend.fail_next(1)
+            raise Boom
+    [record] = [r for r in caplog.records if r.name == "quota_client"]
+    assert record.levelname == "WARNING" and f"take {take.take_id}" in record.getMessage()
+
+
+def test_a_failing_callback_does_not_replace_the_original_either(backend, caplog, acc):
+    def callback(error, take):
+        raise RuntimeError("the callback broke too")
+
+    with backend.client(retries=0, on_release_error=callback) as quota:
+        quota.ensure_account(acc)
+        with pytest.raises(Boom), quota.slot(acc, "urls"):
+            backend.fail_next(1)
+            raise Boom
+    assert "on_release_error failed" in caplog.text
+
+
+def test_503_is_retried_and_the_take_counts_once(backend, acc):
+    with backend.client() as quota:
+        quota.ensure_account(acc)
+        before = backend.requests
+        backend.fail_next(2)
+        took = quota.take(acc, "urls")
+        assert took.granted and took.used == 1
+        assert backend.requests - before == 3
+        assert quota.usage(acc, "urls").used == 1
+
+
+def test_retries_give_up_with_the_last_server_error(backend, acc):
+    with backend.client(retries=2) as quota:
+        quota.ensure_account(acc)
+        before = backend.requests
+        backend.fail_next(3)
+        with pytest.raises(ServerError) as e:
+            quota.take(acc, "urls")
+        assert e.value.status == 503 and backend.requests - before == 3
+        assert quota.usage(acc, "urls").used == 0
+
+
+def test_4xx_is_never_retried(backend, acc):
+    with backend.client(retries=3) as quota:
+        quota.ensure_account(acc)
+        for call, error in (
+            (lambda: quota.take(acc, "bananas"), ValidationError),
+            (lambda: quota.take("nobody", "urls"), UnknownAccountError),
+            (lambda: quota.release(987654), UnknownTakeError),
+        ):
+            before = backend.requests
+            with pytest.raises(error):
+                call()
+            assert backend.requests - before == 1
