@@ -32,9 +32,13 @@ def _connect(settings: Settings) -> psycopg.Connection[Any]:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from service.migrate import migrate
+    from service.migrate import NoMigrations, migrate
 
-    applied = migrate(_settings().database_url)
+    try:
+        applied = migrate(_settings().database_url)
+    except NoMigrations as e:
+        print(f"quota-ledger migrate: {e}; the install is broken, nothing was done", file=sys.stderr)
+        return 1
     print(f"applied: {', '.join(applied)}" if applied else "database is up to date")
     return 0
 

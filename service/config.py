@@ -6,7 +6,18 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_PLANS_FILE = Path(__file__).resolve().parent.parent / "plans.toml"
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def shipped(name: str) -> Path:
+    """A file or folder of the repository root that the service reads at run time (`migrations`,
+    `plans.toml`). An installed package carries its own copy inside the package (setup.py puts it
+    there); a source checkout, editable installs included, reads the repository's."""
+    inside = _PACKAGE / name
+    return inside if inside.exists() else _PACKAGE.parent / name
+
+
+DEFAULT_PLANS_FILE = shipped("plans.toml")
 # Provider environments a deployment can restrict its webhooks to (WEBHOOK_ENVIRONMENT).
 WEBHOOK_ENVIRONMENTS = ("production", "sandbox")
 
