@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent
 SHIPPED = ("migrations", "plans.toml")
 
 
-class BuildPy(build_py):  # type: ignore[misc]
+class BuildPy(build_py):
     def run(self) -> None:
         super().run()
         if self.editable_mode:  # an editable install reads them where they are
