@@ -32,13 +32,18 @@ def _connect(settings: Settings) -> psycopg.Connection[Any]:
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     from service.migrate import NoMigrations, migrate
+    from service.roles import ensure_login_role
 
+    settings = _settings()
     try:
-        applied = migrate(_settings().database_url)
+        applied = migrate(settings.database_url)
     except NoMigrations as e:
         print(f"quota-ledger migrate: {e}; the install is broken, nothing was done", file=sys.stderr)
         return 1
     print(f"applied: {', '.join(applied)}" if applied else "database is up to date")
+    if args.login_role:
+        ensure_login_role(settings.database_url, args.login_role, os.environ.get("LOGIN_ROLE_PASSWORD"))
+        print(f"login role {args.login_role}: a member of quota_app")
     return 0
 
 
@@ -293,7 +298,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="quota-ledger", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    sub.add_parser("migrate", help="apply pending database migrations").set_defaults(func=cmd_migrate)
+    migrate = sub.add_parser("migrate", help="apply pending database migrations (as the tables' owner)")
+    migrate.add_argument(
+        "--login-role",
+        metavar="NAME",
+        help="then create (or update) the login role NAME that the service runs as, a member of "
+        "quota_app, with the password in LOGIN_ROLE_PASSWORD if set",
+    )
+    migrate.set_defaults(func=cmd_migrate)
 
     keys = sub.add_parser("keys", help="manage API keys").add_subparsers(dest="keys_command", required=True)
     create = keys.add_parser("create", help="create a key; its last line of output is the key alone")

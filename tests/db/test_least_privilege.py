@@ -5,6 +5,11 @@ any way round, and the app really connects as it."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psycopg
@@ -83,9 +88,6 @@ def test_ensure_login_role_is_idempotent_and_sets_the_password(pg_url, db_url, a
 
 def test_ensure_login_role_is_race_safe(pg_url, template_db):
     """Other test runs and deployments create roles on the same cluster at the same time."""
-    import uuid
-    from concurrent.futures import ThreadPoolExecutor
-
     name = f"ql_race_{uuid.uuid4().hex[:8]}"
     try:
         with ThreadPoolExecutor(8) as pool:
@@ -95,3 +97,38 @@ def test_ensure_login_role_is_race_safe(pg_url, template_db):
     finally:
         with psycopg.connect(pg_url, autocommit=True) as c:
             c.execute(f'DROP ROLE IF EXISTS "{name}"')
+
+
+def test_migrate_creates_the_login_role_it_is_given(db_url, pg_url):
+    """As compose runs it: `migrate --login-role NAME` as the owner, the password from the environment."""
+    name = f"ql_login_{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "DATABASE_URL": db_url, "LOGIN_ROLE_PASSWORD": "s3cr3t"}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "service.cli", "migrate", "--login-role", name],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        with psycopg.connect(as_login(db_url, name, "s3cr3t"), autocommit=True) as c:
+            row = c.execute(
+                "SELECT current_user, pg_has_role(current_user, 'quota_app', 'MEMBER')"
+            ).fetchone()
+            assert row == (name, True)
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as c:
+            c.execute(f'DROP ROLE IF EXISTS "{name}"')
+
+
+def test_every_table_is_granted_to_quota_app(conn):
+    """A migration that adds a table grants quota_app what the service needs on it (at least SELECT);
+    the service never runs as the owner, so a forgotten grant fails in production only."""
+    missing = conn.execute(
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm')"
+        " AND c.relname NOT LIKE '%yoyo%' AND NOT has_table_privilege('quota_app', c.oid, 'SELECT')"
+    ).fetchall()
+    assert missing == []
