@@ -128,7 +128,7 @@ DEV_ROLE = "quota_dev"
 
 def cmd_dev(args: argparse.Namespace) -> int:
     """Everything a newcomer needs in one command: databases, schema, plans, keys, the server."""
-    from urllib.parse import urlsplit
+    from urllib.parse import unquote, urlsplit
 
     from service.billing.plans import load_plans
     from service.keys import reissue_key
@@ -151,7 +151,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     migrate(settings.database_url)
     # The same password as the owner's, if it has one: nothing new to keep, and concurrent `dev`
     # runs on one server do not change it under each other.
-    password = urlsplit(settings.database_url).password
+    password = unquote(urlsplit(settings.database_url).password or "") or None
     ensure_login_role(settings.database_url, DEV_ROLE, password)
     env["DATABASE_URL"] = as_login(settings.database_url, DEV_ROLE, password)
     keys = {}
