@@ -67,7 +67,7 @@ class Settings:
             ),
             revenuecat_webhook_auth=e.get("REVENUECAT_WEBHOOK_AUTH", ""),
             plans_file=Path(e.get("PLANS_FILE") or DEFAULT_PLANS_FILE),
-            webhook_environment=None if environment == WEBHOOK_ENVIRONMENT_ANY else environment or None,
+            webhook_environment=environment if environment in WEBHOOK_ENVIRONMENTS else None,  # any: None
             db_pool_size=int(e.get("DB_POOL_SIZE", cls.db_pool_size)),
             key_cache_seconds=float(e.get("KEY_CACHE_SECONDS", cls.key_cache_seconds)),
         )
