@@ -89,9 +89,12 @@ class SlowClient:
     """A connection that sends its request one byte at a time, the headers (or, with `body`, the
     body after complete headers) never finishing while the test runs."""
 
-    def __init__(self, port: int, *, body: bool) -> None:
+    def __init__(self, port: int, *, body: bool, key: str) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port))
-        head = b"POST /v1/accounts/slow/takes HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        head = (
+            b"POST /v1/accounts/acc-1/takes HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer " + key.encode() + b"\r\n"  # so that the app waits for the body
+        )
         if body:
             self.sock.sendall(head + b"Content-Length: 100000\r\n\r\n")
         self.pending = iter((b'{"metric": "' + b"u" * 99_000) if body else head + b"X-Slow: " + b"s" * 5000)
@@ -118,7 +121,7 @@ def test_slow_clients_do_not_starve_the_workers(app_db_url, redis_url, conn, tmp
     env = serve_env(app_db_url, redis_url)
     with serving(env, "--workers", "2", log=tmp_path / "serve.log") as (port, _), ExitStack() as stack:
         assert request(port, "PUT", "/v1/accounts/acc-1", {"kind": "user"}, key)[0] == 201
-        slow = [SlowClient(port, body=i % 2 == 1) for i in range(8)]
+        slow = [SlowClient(port, body=i % 2 == 1, key=key) for i in range(8)]
         for client in slow:
             stack.callback(client.close)
         time.sleep(1.0)  # every slow connection has been accepted and is being read
