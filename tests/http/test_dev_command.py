@@ -8,7 +8,6 @@ import os
 import queue
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,13 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.http.conftest import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _call(method: str, url: str, key: str | None = None, body: object = None) -> tuple[int, object]:
@@ -55,7 +50,7 @@ def _wait_until_up(base: str, deadline: float) -> None:
 def test_dev_starts_from_nothing_and_answers_a_take(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "PLANS_FILE")}
     env["QUOTA_DEV_DIR"] = str(tmp_path / "dev")
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "service.cli", "dev", "--bind", f"127.0.0.1:{port}"],
@@ -136,7 +131,7 @@ def test_dev_runs_as_the_login_role_and_keeps_three_keys_over_restarts(db_url, r
     env.update(DATABASE_URL=db_url, REDIS_URL=worker_redis_url(redis_url), QUOTA_DEV_DIR=str(tmp_path))
     env["WORKER_QUEUE"] = f"test-dev-{os.getpid()}-{time.monotonic_ns()}"  # never another run's tasks
     for start in range(2):
-        port = _free_port()
+        port = free_port()
         proc, key, output = _start_dev(env, port)
         try:
             assert "WEBHOOK_ENVIRONMENT=any" in "".join(output)  # dev says what it applies

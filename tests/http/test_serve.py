@@ -21,14 +21,9 @@ import pytest
 
 from service.keys import create_key
 from tests.conftest import PLANS_FILE
+from tests.http.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def serve_env(database_url: str, redis_url: str, **extra: str) -> dict[str, str]:
