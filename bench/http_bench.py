@@ -185,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     base_url = f"http://127.0.0.1:{args.port + 1}"
     py = sys.executable
     ours_env = {**os.environ, "DATABASE_URL": ql, "REDIS_URL": args.redis, "PLANS_FILE": str(PLANS_FILE)}
+    ours_env["WEBHOOK_ENVIRONMENT"] = "any"  # serve refuses to start without one; no webhook is sent here
     ours_env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # serve makes its own
     base_env = {**os.environ, "DATABASE_URL": bl}
     ours_cmd = [py, "-m", "service.cli", "serve", "--bind", ours_url[7:], "--workers", str(args.workers)]

@@ -271,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         "REDIS_URL": args.redis,
         "PLANS_FILE": str(PLANS_FILE),
         "STRIPE_WEBHOOK_SECRETS": SECRET,
+        "WEBHOOK_ENVIRONMENT": "any",  # as measured before it was required: every event applied
     }
     ours_env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # serve makes its own
     base_env = {**os.environ, "DATABASE_URL": base_db}

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -20,9 +19,9 @@ from service.config import Settings
 Command = Callable[[argparse.Namespace], int]
 
 
-def _settings() -> Settings:
+def _settings(*, serving: bool = False) -> Settings:
     try:
-        return Settings.from_env()
+        return Settings.from_env(serving=serving)
     except RuntimeError as e:
         raise SystemExit(f"quota-ledger: {e}") from None
 
@@ -32,10 +31,19 @@ def _connect(settings: Settings) -> psycopg.Connection[Any]:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from service.migrate import migrate
+    from service.migrate import NoMigrations, migrate
+    from service.roles import ensure_login_role
 
-    applied = migrate(_settings().database_url)
+    settings = _settings()
+    try:
+        applied = migrate(settings.database_url)
+    except NoMigrations as e:
+        print(f"quota-ledger migrate: {e}; the install is broken, nothing was done", file=sys.stderr)
+        return 1
     print(f"applied: {', '.join(applied)}" if applied else "database is up to date")
+    if args.login_role:
+        ensure_login_role(settings.database_url, args.login_role, os.environ.get("LOGIN_ROLE_PASSWORD"))
+        print(f"login role {args.login_role}: a member of quota_app")
     return 0
 
 
@@ -77,33 +85,15 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Production web server: gunicorn, sync workers, one pool of DB connections per worker."""
-    from gunicorn.app.base import BaseApplication
+    """Production web server: gunicorn, threaded workers, one pool of DB connections per worker."""
+    from service.serve import PortInUse, serve
 
-    _settings()  # fail early and clearly on a missing DATABASE_URL
-    # Prometheus multiprocess mode: every worker writes samples to files in this directory.
-    metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(prefix="quota-metrics-")
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
-
-    def child_exit(server: Any, worker: Any) -> None:
-        from prometheus_client import multiprocess
-
-        multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]
-
-    class Server(BaseApplication):  # type: ignore[misc]
-        def load_config(self) -> None:
-            self.cfg.set("bind", args.bind)
-            self.cfg.set("workers", args.workers)
-            self.cfg.set("child_exit", child_exit)
-            self.cfg.set("accesslog", "-" if args.access_log else None)
-            self.cfg.set("proc_name", "quota-ledger")
-
-        def load(self) -> Any:
-            from service import create_app
-
-            return create_app()
-
-    Server().run()
+    _settings(serving=True)  # fail early and clearly on a missing DATABASE_URL or WEBHOOK_ENVIRONMENT
+    try:
+        serve(bind=args.bind, workers=args.workers, threads=args.threads, access_log=args.access_log)
+    except PortInUse as e:
+        print(f"quota-ledger serve: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -131,37 +121,58 @@ def _dev_services(env: dict[str, str]) -> list[Any]:
     return handles
 
 
+# The login role `dev` runs web, worker and beat as (a member of quota_app); only migrate runs as the
+# DATABASE_URL's own role.
+DEV_ROLE = "quota_dev"
+
+
 def cmd_dev(args: argparse.Namespace) -> int:
     """Everything a newcomer needs in one command: databases, schema, plans, keys, the server."""
-    from service.billing.plans import load_plans
-    from service.keys import create_key, revoke_key
-    from service.migrate import migrate
+    from urllib.parse import unquote, urlsplit
 
+    from service.billing.plans import load_plans
+    from service.keys import reissue_key
+    from service.migrate import migrate
+    from service.roles import as_login, ensure_login_role
+    from service.serve import PortInUse, check_bind
+
+    try:
+        check_bind(args.bind)  # before anything starts, so that the answer is this one line
+    except PortInUse as e:
+        print(f"quota-ledger dev: {e}", file=sys.stderr)
+        return 1
     env = dict(os.environ)
+    # Local development applies both provider environments' events unless told otherwise.
+    env["WEBHOOK_ENVIRONMENT"] = env.get("WEBHOOK_ENVIRONMENT") or "any"
     handles = _dev_services(env)
     os.environ.update(env)
     settings = _settings()
     load_plans(settings.plans_file)  # refuse to start on a broken plan config
     migrate(settings.database_url)
+    # The same password as the owner's, if it has one: nothing new to keep, and concurrent `dev`
+    # runs on one server do not change it under each other.
+    password = unquote(urlsplit(settings.database_url).password or "") or None
+    ensure_login_role(settings.database_url, DEV_ROLE, password)
+    env["DATABASE_URL"] = as_login(settings.database_url, DEV_ROLE, password)
     keys = {}
     with _connect(settings) as conn:
         for role in ("admin", "product", "finance"):
-            revoke_key(conn, name=f"dev-{role}")
-            keys[role] = create_key(conn, name=f"dev-{role}", role=role)
+            keys[role] = reissue_key(conn, name=f"dev-{role}", role=role)
     host, _, port = args.bind.rpartition(":")
-    procs = [
-        subprocess.Popen(
+    procs = {
+        "web": subprocess.Popen(
             [sys.executable, "-m", "service.cli", "serve", "--bind", args.bind, "--workers", "2"], env=env
-        )
-    ]
-    procs += _dev_extra_processes(env)
+        ),
+        **_dev_extra_processes(env),
+    }
     base = f"http://{host or '127.0.0.1'}:{port}"
     print(
         f"""
 quota-ledger dev is running at {base}   (Ctrl-C stops everything)
   plans:    {settings.plans_file}
-  database: {settings.database_url}
+  database: {settings.database_url}  (web, worker and beat connect as {DEV_ROLE}, a member of quota_app)
   redis:    {settings.redis_url}
+  webhooks: WEBHOOK_ENVIRONMENT={env["WEBHOOK_ENVIRONMENT"]}
 
   admin key:   {keys["admin"]}
   product key: {keys["product"]}
@@ -184,29 +195,33 @@ Try:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     try:
-        while not stopping and all(p.poll() is None for p in procs):
+        while not stopping and all(p.poll() is None for p in procs.values()):
             time.sleep(0.2)
     finally:
-        for p in procs:
+        for p in procs.values():
             if p.poll() is None:
                 p.terminate()
-        for p in procs:
+        for p in procs.values():
             try:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 p.kill()
         del handles
-    return 0
+    if stopping:
+        return 0
+    died = ", ".join(f"{name} (exit code {p.returncode})" for name, p in procs.items() if p.returncode)
+    print(f"quota-ledger dev: stopped because {died or 'a process'} exited", file=sys.stderr)
+    return 1
 
 
-def _dev_extra_processes(env: dict[str, str]) -> list[subprocess.Popen[bytes]]:
+def _dev_extra_processes(env: dict[str, str]) -> dict[str, subprocess.Popen[bytes]]:
     """An embedded Celery worker (one process) and beat, on the same database and Redis."""
     cli = [sys.executable, "-m", "service.cli"]
     schedule = str((DEV_DIR / "celerybeat-schedule").resolve())
-    return [
-        subprocess.Popen([*cli, "worker", "--concurrency", "1", "--pool", "solo"], env=env),
-        subprocess.Popen([*cli, "beat", "--schedule", schedule], env=env),
-    ]
+    return {
+        "worker": subprocess.Popen([*cli, "worker", "--concurrency", "1", "--pool", "solo"], env=env),
+        "beat": subprocess.Popen([*cli, "beat", "--schedule", schedule], env=env),
+    }
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -283,7 +298,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="quota-ledger", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    sub.add_parser("migrate", help="apply pending database migrations").set_defaults(func=cmd_migrate)
+    migrate = sub.add_parser("migrate", help="apply pending database migrations (as the tables' owner)")
+    migrate.add_argument(
+        "--login-role",
+        metavar="NAME",
+        help="then create (or update) the login role NAME that the service runs as, a member of "
+        "quota_app, with the password in LOGIN_ROLE_PASSWORD if set",
+    )
+    migrate.set_defaults(func=cmd_migrate)
 
     keys = sub.add_parser("keys", help="manage API keys").add_subparsers(dest="keys_command", required=True)
     create = keys.add_parser("create", help="create a key; its last line of output is the key alone")
@@ -297,9 +319,12 @@ def build_parser() -> argparse.ArgumentParser:
         func=cmd_keys_list
     )
 
+    from service.serve import DEFAULT_THREADS
+
     serve = sub.add_parser("serve", help="run the web server (gunicorn)")
     serve.add_argument("--bind", default="127.0.0.1:8000", metavar="HOST:PORT")
     serve.add_argument("--workers", type=int, default=4)
+    serve.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="per worker")
     serve.add_argument("--access-log", action="store_true", help="log every request")
     serve.set_defaults(func=cmd_serve)
 

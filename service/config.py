@@ -6,9 +6,22 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_PLANS_FILE = Path(__file__).resolve().parent.parent / "plans.toml"
-# Provider environments a deployment can restrict its webhooks to (WEBHOOK_ENVIRONMENT).
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def shipped(name: str) -> Path:
+    """A file or folder of the repository root that the service reads at run time (`migrations`,
+    `plans.toml`). An installed package carries its own copy inside the package (setup.py puts it
+    there); a source checkout, editable installs included, reads the repository's."""
+    inside = _PACKAGE / name
+    return inside if inside.exists() else _PACKAGE.parent / name
+
+
+DEFAULT_PLANS_FILE = shipped("plans.toml")
+# Provider environments a deployment can restrict its webhooks to (WEBHOOK_ENVIRONMENT); `any`
+# applies both, and must be said as explicitly as the others where webhooks are served.
 WEBHOOK_ENVIRONMENTS = ("production", "sandbox")
+WEBHOOK_ENVIRONMENT_ANY = "any"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -19,24 +32,32 @@ class Settings:
     revenuecat_webhook_auth: str = ""
     plans_file: Path = DEFAULT_PLANS_FILE
     # Apply only webhook events of this provider environment (Stripe livemode, RevenueCat
-    # environment); None applies both. Events of the other one are stored as ignored.
+    # environment); None applies both (WEBHOOK_ENVIRONMENT=any). Events of the other one are stored
+    # as ignored.
     webhook_environment: str | None = None
     db_pool_size: int = 4
     # Verified API keys are remembered this long per process: a revoked key stops working within it.
     key_cache_seconds: float = 5.0
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
-        """Read settings from `env` (default: os.environ). DATABASE_URL is required."""
+    def from_env(cls, env: dict[str, str] | None = None, *, serving: bool = False) -> Settings:
+        """Read settings from `env` (default: os.environ). DATABASE_URL is required; so is
+        WEBHOOK_ENVIRONMENT when `serving` (the web app, which applies webhook events): a production
+        deployment must not be one forgotten variable away from applying sandbox purchases."""
         e = os.environ if env is None else env
         url = e.get("DATABASE_URL", "")
         if not url:
             raise RuntimeError("DATABASE_URL is not set (see README: Configuration)")
-        environment = e.get("WEBHOOK_ENVIRONMENT", "").strip().lower() or None
-        if environment not in (None, *WEBHOOK_ENVIRONMENTS):
+        choices = (*WEBHOOK_ENVIRONMENTS, WEBHOOK_ENVIRONMENT_ANY)
+        environment = e.get("WEBHOOK_ENVIRONMENT", "").strip().lower()
+        if environment and environment not in choices:
             raise RuntimeError(
-                f"WEBHOOK_ENVIRONMENT must be one of {', '.join(WEBHOOK_ENVIRONMENTS)} or unset, not "
-                f"{e['WEBHOOK_ENVIRONMENT']!r}"
+                f"WEBHOOK_ENVIRONMENT must be one of {', '.join(choices)}, not {e['WEBHOOK_ENVIRONMENT']!r}"
+            )
+        if serving and not environment:
+            raise RuntimeError(
+                "WEBHOOK_ENVIRONMENT is not set: production on a production deployment, sandbox on "
+                "one that takes provider test events only, any to apply both (README: Configuration)"
             )
         return cls(
             database_url=url,
@@ -46,7 +67,7 @@ class Settings:
             ),
             revenuecat_webhook_auth=e.get("REVENUECAT_WEBHOOK_AUTH", ""),
             plans_file=Path(e.get("PLANS_FILE") or DEFAULT_PLANS_FILE),
-            webhook_environment=environment,
+            webhook_environment=environment if environment in WEBHOOK_ENVIRONMENTS else None,  # any: None
             db_pool_size=int(e.get("DB_POOL_SIZE", cls.db_pool_size)),
             key_cache_seconds=float(e.get("KEY_CACHE_SECONDS", cls.key_cache_seconds)),
         )

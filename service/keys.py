@@ -38,6 +38,14 @@ def create_key(conn: Connection, *, name: str, role: str) -> str:
     return key
 
 
+def reissue_key(conn: Connection, *, name: str, role: str) -> str:
+    """Replace every key called `name`, live or revoked, by a new one; returns its secret. For
+    `dev`, which issues its keys on every start and needs no trail of the ones it replaced."""
+    with conn.transaction():
+        conn.execute("DELETE FROM api_keys WHERE name = %s", (name,))
+        return create_key(conn, name=name, role=role)
+
+
 def revoke_key(conn: Connection, *, name: str) -> bool:
     """Revoke the live key called `name`; False if there was none."""
     cur = conn.execute(

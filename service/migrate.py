@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from yoyo import get_backend, read_migrations
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+from service.config import shipped
+
+MIGRATIONS_DIR = shipped("migrations")
+
+
+class NoMigrations(RuntimeError):
+    """No migration was found: an install that lost them must not report an empty database as up to
+    date."""
 
 
 def yoyo_url(database_url: str) -> str:
@@ -16,9 +21,12 @@ def yoyo_url(database_url: str) -> str:
 
 
 def migrate(database_url: str) -> list[str]:
-    """Apply every pending migration; returns the ids applied now."""
+    """Apply every pending migration; returns the ids applied now. Raises NoMigrations when there
+    are none to read."""
+    migrations = read_migrations(str(MIGRATIONS_DIR)) if MIGRATIONS_DIR.is_dir() else []
+    if not migrations:
+        raise NoMigrations(f"no migration found in {MIGRATIONS_DIR}")
     backend = get_backend(yoyo_url(database_url))
-    migrations = read_migrations(str(MIGRATIONS_DIR))
     try:
         with backend.lock():
             pending = backend.to_apply(migrations)

@@ -29,6 +29,7 @@ from service.billing.plans import PlanConfig, load_plans
 from service.config import Settings
 from service.keys import create_key
 from service.migrate import migrate
+from service.roles import as_login, ensure_login_role
 
 TESTS = Path(__file__).resolve().parent
 PLANS_FILE = TESTS / "plans.toml"
@@ -36,6 +37,9 @@ FIXTURES = TESTS / "fixtures"  # synthetic Stripe and RevenueCat payloads
 STRIPE_SECRET = "whsec_test_secret"
 STRIPE_OLD_SECRET = "whsec_old_secret"
 REVENUECAT_AUTH = "Bearer rc-test-auth"
+# The login role the app and the workers run as in tests, a member of quota_app, as in production.
+# Shared by every test run on the server (roles are cluster-wide); creating it is race-safe.
+APP_ROLE = ("quota_ledger_test", "quota-ledger-test")
 
 
 def with_database(url: str, name: str) -> str:
@@ -104,6 +108,19 @@ def template_db(pg_url: str) -> Iterator[str]:
         c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@pytest.fixture(scope="session")
+def app_role(pg_url: str, template_db: str) -> tuple[str, str]:
+    """The service's login role (name, password), created once the template has made quota_app."""
+    ensure_login_role(pg_url, *APP_ROLE)
+    return APP_ROLE
+
+
+@pytest.fixture
+def app_db_url(db_url: str, app_role: tuple[str, str]) -> str:
+    """This test's database as the service sees it: as a member of quota_app, not the owner."""
+    return as_login(db_url, *app_role)
+
+
 @pytest.fixture
 def db_url(pg_url: str, template_db: str) -> Iterator[str]:
     """A fresh, migrated database of this test's own."""
@@ -127,13 +144,14 @@ def plans() -> PlanConfig:
 
 
 @pytest.fixture
-def settings(db_url: str, redis_url: str) -> Settings:
+def settings(app_db_url: str, redis_url: str) -> Settings:
     return Settings(
-        database_url=db_url,
+        database_url=app_db_url,
         redis_url=redis_url,
         stripe_webhook_secrets=(STRIPE_SECRET, STRIPE_OLD_SECRET),
         revenuecat_webhook_auth=REVENUECAT_AUTH,
         plans_file=PLANS_FILE,
+        webhook_environment=None,  # any: the sample fixtures mix Stripe test mode and RevenueCat production
         db_pool_size=8,
         key_cache_seconds=0.0,
     )

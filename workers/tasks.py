@@ -3,6 +3,7 @@ run twice (a second run is a no-op), which acks_late redelivery relies on."""
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 
 import psycopg
@@ -12,6 +13,9 @@ from service.config import Settings
 from service.db import Connection
 from service.quota import plan_sync, reset
 from workers.app import app
+
+# The outcome of each job goes to the worker's log here (the service functions only log progress).
+log = logging.getLogger(__name__)
 
 
 def _connect(settings: Settings) -> Connection:
@@ -30,6 +34,7 @@ def monthly_reset(
     when = datetime.fromisoformat(at) if at else None
     with _connect(Settings.from_env()) as conn:
         outcome = reset.reset_month(conn, period=period, at=when, batch_size=batch_size, pause=pause)
+    log.info("%s", outcome.message)
     return outcome.as_dict()
 
 
@@ -41,7 +46,9 @@ def reset_catch_up(
     clock, for tests."""
     when = datetime.fromisoformat(at) if at else None
     with _connect(Settings.from_env()) as conn:
-        return reset.catch_up(conn, at=when, batch_size=batch_size, pause=pause).as_dict()
+        outcome = reset.catch_up(conn, at=when, batch_size=batch_size, pause=pause)
+    log.info("%s", outcome.message)
+    return outcome.as_dict()
 
 
 @app.task(name="quota.plan_sync")
@@ -50,5 +57,8 @@ def plan_sync_task() -> dict[str, object]:
     settings = Settings.from_env()
     plans = load_plans(settings.plans_file)
     with _connect(settings) as conn:
-        outcome = plan_sync.sync_plans(conn, plans)
+        outcome = plan_sync.sync_plans(
+            conn, plans, on_change=lambda c: log.info("plan sync: %s", c.describe())
+        )
+    log.info("%s", outcome.message)
     return {"status": outcome.status, "message": outcome.message}

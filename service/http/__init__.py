@@ -15,7 +15,7 @@ from service.http.runtime import Runtime
 def build_app(settings: Settings | None = None) -> Flask:
     from service.http import accounts, admin, errors, events, finance, health, metrics, webhooks
 
-    settings = settings or Settings.from_env()
+    settings = settings or Settings.from_env(serving=True)
     app = Flask("service")
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.config["MAX_CONTENT_LENGTH"] = 1024 * 1024  # a webhook is a few kB; refuse absurd bodies (413)

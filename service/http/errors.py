@@ -33,6 +33,11 @@ class ApiError(Exception):
         self.status, self.code, self.message, self.details = status, code, message, details
 
 
+def error_code(name: str) -> str:
+    """The `error` code of an HTTP status name: "Request URI Too Long" -> request_uri_too_long."""
+    return name.lower().replace(" ", "_")
+
+
 def error_response(status: int, code: str, message: str, **details: Any) -> tuple[Response, int]:
     return jsonify({"error": code, "message": message, **details}), status
 
@@ -51,7 +56,7 @@ def init_app(app: Flask) -> None:
 
     @app.errorhandler(HTTPException)
     def _http(e: HTTPException) -> tuple[Response, int]:
-        code = (e.name or "error").lower().replace(" ", "_")
+        code = error_code(e.name or "error")
         status = e.code or 500
         resp, status = error_response(status, code, e.description or e.name)
         if status == 405 and e.get_response().headers.get("Allow"):

@@ -185,7 +185,9 @@ def sync_plans(
     each batch its own transaction under the plan-sync advisory lock (busy: skip). `on_change` is
     called for each change (made, or with `dry_run` that would be made). Load `plans` with
     `load_plans` first: a broken config raises there and nothing is changed. Needs an autocommit
-    connection. New counter rows open in `period` (default: the current one)."""
+    connection. New counter rows open in `period` (default: the current one). The caller reports
+    the changes and the outcome (the task logs them, the command prints them): said here too, a
+    command run with -v would show each twice."""
     started = time.monotonic()
     period = period or periods.current_period()
     after = ""
@@ -207,9 +209,7 @@ def sync_plans(
             log.warning("plan sync: batch rolled back (%s); retrying", type(e).__name__)
             continue
         if step is None:
-            outcome = SyncOutcome(status="lock_busy", dry_run=dry_run, duration_s=time.monotonic() - started)
-            log.info("%s", outcome.message)
-            return outcome
+            return SyncOutcome(status="lock_busy", dry_run=dry_run, duration_s=time.monotonic() - started)
         n, after, batch_changes = step
         if n == 0:
             break
@@ -220,11 +220,9 @@ def sync_plans(
             else:
                 changes += 1
                 overrides += change.override_set
-            if not dry_run:
-                log.info("plan sync: %s", change.describe())
             if on_change is not None:
                 on_change(change)
-    outcome = SyncOutcome(
+    return SyncOutcome(
         status="done",
         dry_run=dry_run,
         accounts=accounts,
@@ -233,5 +231,3 @@ def sync_plans(
         overrides_left_alone=overrides,
         duration_s=time.monotonic() - started,
     )
-    log.info("%s", outcome.message)
-    return outcome

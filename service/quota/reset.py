@@ -162,7 +162,8 @@ def reset_month(
     """Reset every live counter into `period` (default: the period of `at`, default now, in UTC),
     committing every `batch_size` counters and sleeping `pause` seconds between batches.
     Safe to call any number of times, concurrently: see the module docstring. Needs an autocommit
-    connection (each batch opens its own transaction)."""
+    connection (each batch opens its own transaction). The caller reports the outcome (the task
+    logs it, the command prints it); this logs only progress."""
     period = target_period(period=period, at=at)
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
@@ -193,18 +194,12 @@ def reset_month(
             log.warning("monthly reset %s: batch rolled back (%s); retrying", period, type(e).__name__)
             continue
         if step.status == "busy":
-            result = outcome("lock_busy")
-            log.info("%s", result.message)
-            return result
+            return outcome("lock_busy")
         if step.status == "already_done":
             # Finished by another runner after this one had done some batches: still 'done' for it.
-            result = outcome("done" if batches else "already_done", step)
-            log.info("%s", result.message)
-            return result
+            return outcome("done" if batches else "already_done", step)
         if step.status == "done":
-            result = outcome("done", step)
-            log.info("%s", result.message)
-            return result
+            return outcome("done", step)
         counters += step.counters
         reset_rows += step.reset_rows
         batches += 1
@@ -229,12 +224,10 @@ def catch_up(
     period = target_period(at=at)
     run = reset_status(conn, period=period)
     if run is not None and run["status"] == "done":
-        result = ResetOutcome(
+        return ResetOutcome(
             status="already_done",
             period=period,
             run_counters_reset=int(run["counters_reset"]),  # type: ignore[call-overload]
             run_reset_rows=int(run["reset_rows"]),  # type: ignore[call-overload]
         )
-        log.info("%s", result.message)
-        return result
     return reset_month(conn, period=period, at=at, batch_size=batch_size, pause=pause)

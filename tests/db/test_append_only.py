@@ -1,5 +1,6 @@
 """The database itself refuses UPDATE, DELETE and TRUNCATE on the ledger and the audit log: a
-trigger stops even a superuser, and the application role lacks the privileges anyway."""
+trigger stops even a superuser, and the application role lacks the privileges anyway; the login
+role the service runs as can neither change a row nor get the triggers out of the way."""
 
 from __future__ import annotations
 
@@ -15,6 +16,15 @@ CHANGES = {
     "UPDATE": "UPDATE {t} SET actor = 'tampered'",
     "DELETE": "DELETE FROM {t}",
     "TRUNCATE": "TRUNCATE {t}",
+}
+# What the service's login role might try besides: each is refused too.
+REFUSED = {
+    **CHANGES,
+    "DISABLE TRIGGER": "ALTER TABLE {t} DISABLE TRIGGER {t}_append_only",
+    "DISABLE TRIGGER ALL": "ALTER TABLE {t} DISABLE TRIGGER ALL",
+    "DROP TRIGGER": "DROP TRIGGER {t}_append_only ON {t}",
+    "replica mode": "SET session_replication_role = replica",  # would skip every ordinary trigger
+    "own the table": "ALTER TABLE {t} OWNER TO CURRENT_USER",
 }
 
 
@@ -77,3 +87,26 @@ def test_application_role_can_read_and_append(filled, plans):
         assert filled.execute("SELECT count(*) FROM ledger").fetchone()[0] == 3
     finally:
         filled.execute("RESET ROLE")
+
+
+def test_the_login_role_cannot_change_the_append_only_tables(filled, app_db_url, subtests):
+    before = _snapshot(filled)
+    with psycopg.connect(app_db_url, autocommit=True) as app:
+        who = app.execute(
+            "SELECT current_user, rolsuper, pg_has_role(current_user, 'quota_app', 'MEMBER')"
+            " FROM pg_roles WHERE rolname = current_user"
+        ).fetchone()
+        assert who is not None and who[1:] == (False, True), who
+        for table in TABLES:
+            for change, statement in REFUSED.items():
+                with (
+                    subtests.test(table=table, change=change),
+                    pytest.raises(psycopg.errors.InsufficientPrivilege),
+                ):
+                    app.execute(statement.format(t=table))
+    assert _snapshot(filled) == before
+    triggers = filled.execute(
+        "SELECT tgname, tgenabled FROM pg_trigger"
+        " WHERE tgrelid IN ('ledger'::regclass, 'audit_log'::regclass) AND NOT tgisinternal ORDER BY tgname"
+    ).fetchall()
+    assert len(triggers) == 4 and {enabled for _, enabled in triggers} == {"O"}, triggers

@@ -1,8 +1,16 @@
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import pytest
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now, for a server subprocess."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def put_account(client: Any, keys: Any, account_id: str = "acc-1", **body: Any) -> Any:

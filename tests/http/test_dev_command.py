@@ -8,7 +8,6 @@ import os
 import queue
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,13 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.http.conftest import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _call(method: str, url: str, key: str | None = None, body: object = None) -> tuple[int, object]:
@@ -55,7 +50,7 @@ def _wait_until_up(base: str, deadline: float) -> None:
 def test_dev_starts_from_nothing_and_answers_a_take(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "PLANS_FILE")}
     env["QUOTA_DEV_DIR"] = str(tmp_path / "dev")
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "service.cli", "dev", "--bind", f"127.0.0.1:{port}"],
@@ -103,3 +98,62 @@ def test_dev_starts_from_nothing_and_answers_a_take(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+
+
+def _start_dev(env: dict[str, str], port: int) -> tuple[subprocess.Popen[str], str, list[str]]:
+    """`dev` started and its product key printed; returns the process, the key and the output."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "dev", "--bind", f"127.0.0.1:{port}"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    output: list[str] = []
+    deadline = time.monotonic() + 60
+    for line in proc.stdout:  # type: ignore[union-attr]
+        output.append(line)
+        m = re.match(r"\s*product key:\s+(\S+)\s*$", line)
+        if m:
+            threading.Thread(target=proc.stdout.read, daemon=True).start()  # type: ignore[union-attr]
+            return proc, m.group(1), output
+        assert time.monotonic() < deadline, "".join(output)
+    raise AssertionError("dev printed no product key:\n" + "".join(output))
+
+
+@pytest.mark.slow
+def test_dev_runs_as_the_login_role_and_keeps_three_keys_over_restarts(db_url, redis_url, conn, tmp_path):
+    from tests.workers.conftest import worker_redis_url
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PLANS_FILE", "WEBHOOK_ENVIRONMENT")}
+    env.update(DATABASE_URL=db_url, REDIS_URL=worker_redis_url(redis_url), QUOTA_DEV_DIR=str(tmp_path))
+    env["WORKER_QUEUE"] = f"test-dev-{os.getpid()}-{time.monotonic_ns()}"  # never another run's tasks
+    for start in range(2):
+        port = free_port()
+        proc, key, output = _start_dev(env, port)
+        try:
+            assert "WEBHOOK_ENVIRONMENT=any" in "".join(output)  # dev says what it applies
+            base = f"http://127.0.0.1:{port}"
+            _wait_until_up(base, time.monotonic() + 60)
+            assert _call("PUT", f"{base}/v1/accounts/dev-{start}", key, {"kind": "user"})[0] == 201
+            users = conn.execute(
+                "SELECT DISTINCT usename FROM pg_stat_activity"
+                " WHERE datname = current_database() AND application_name = 'quota-ledger'"
+            ).fetchall()
+            assert users == [("quota_dev",)]  # the web pool, as the login role
+            os.killpg(proc.pid, signal.SIGINT)
+            assert proc.wait(timeout=60) == 0
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+    keys = conn.execute("SELECT name, revoked_at FROM api_keys ORDER BY name").fetchall()
+    assert keys == [("dev-admin", None), ("dev-finance", None), ("dev-product", None)]
+    import redis
+
+    r = redis.Redis.from_url(env["REDIS_URL"])  # leave nothing of this queue in the shared Redis db
+    for name in r.scan_iter(match=f"*{env['WORKER_QUEUE']}*"):
+        r.delete(name)
+    r.close()

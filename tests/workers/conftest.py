@@ -210,13 +210,14 @@ class Worker:
 
 
 @pytest.fixture
-def workers(db_url: str, redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
-    """Factory of started workers on this test's database; all are stopped at the end."""
+def workers(app_db_url: str, redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
+    """Factory of started workers on this test's database, as the service's login role; all are
+    stopped at the end."""
     made: list[Worker] = []
 
     def start(concurrency: int = 1) -> Worker:
         w = Worker(
-            db_url=db_url,
+            db_url=app_db_url,
             redis_url=redis_url,
             log=tmp_path / f"worker{len(made)}.log",
             concurrency=concurrency,

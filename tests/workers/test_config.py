@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -16,7 +17,14 @@ from service.cli import build_parser
 from workers.app import BEAT_SCHEDULE, TASK_TIME_LIMIT, VISIBILITY_TIMEOUT, broker_url, make_app
 
 ROOT = Path(__file__).resolve().parents[2]
-README_ENV = {"DATABASE_URL", "REDIS_URL", "STRIPE_WEBHOOK_SECRETS", "REVENUECAT_WEBHOOK_AUTH", "PLANS_FILE"}
+README_ENV = {
+    "DATABASE_URL",
+    "REDIS_URL",
+    "STRIPE_WEBHOOK_SECRETS",
+    "REVENUECAT_WEBHOOK_AUTH",
+    "PLANS_FILE",
+    "WEBHOOK_ENVIRONMENT",
+}
 
 
 def test_celery_settings() -> None:
@@ -123,3 +131,31 @@ def test_docker_compose() -> None:
         assert services[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
     assert "replicas" not in services["beat"].get("deploy", {})  # exactly one beat
     assert (ROOT / "Dockerfile").exists()
+
+
+def _compose_default(value: str) -> str:
+    """`${VAR:-default}` as compose reads it when VAR is unset."""
+    return value.split(":-", 1)[1].rstrip("}") if value.startswith("${") else value
+
+
+def test_docker_compose_least_privilege_and_front() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    owner = services["postgres"]["environment"]["POSTGRES_USER"]
+    parser = build_parser()
+
+    def user(name: str) -> str:
+        url = services[name]["environment"]["DATABASE_URL"]
+        return str(urlsplit(url.replace("${", "").replace(":-", "-").replace("}", "")).username)
+
+    migrate = parser.parse_args(services["migrate"]["command"][1:])
+    assert user("migrate") == owner and migrate.login_role not in (None, owner)
+    for name in ("web", "worker", "beat"):
+        assert user(name) == migrate.login_role, name  # the login role migrate creates, not the owner
+        assert _compose_default(services[name]["environment"]["WEBHOOK_ENVIRONMENT"]) == "production"
+    # Only the front is published; the web server and its /metrics stay on the compose network.
+    published = {name for name, svc in services.items() if svc.get("ports")}
+    assert published == {"front"}
+    front = (ROOT / "deploy" / "nginx.conf").read_text()
+    assert "server web:8000" in front and "location = /metrics" in front
+    assert "proxy_request_buffering on" in front and "client_body_timeout" in front

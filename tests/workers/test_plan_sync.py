@@ -180,7 +180,7 @@ stripe_prices = ["pro_monthly"]
 PLANS_V2 = PLANS_V1.replace("urls = 500", "urls = 800").replace("seats = 1 }", "seats = 1, exports = 3 }")
 
 
-def test_sync_plans_command(conn: psycopg.Connection[Any], db_url: str, tmp_path: Path) -> None:
+def test_sync_plans_command(conn: psycopg.Connection[Any], app_db_url: str, tmp_path: Path) -> None:
     v1 = parse_plans(tomllib.loads(PLANS_V1))
     for account_id in ("alice", "bob"):
         upsert_account(conn, v1, account_id=account_id, kind="user")
@@ -188,7 +188,7 @@ def test_sync_plans_command(conn: psycopg.Connection[Any], db_url: str, tmp_path
     overrides.set_override(conn, v1, account_id="bob", metric="urls", limit=10_000, actor="admin")
 
     def cli(plans_file: Path, *args: str) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "DATABASE_URL": db_url, "PLANS_FILE": str(plans_file)}
+        env = {**os.environ, "DATABASE_URL": app_db_url, "PLANS_FILE": str(plans_file)}
         return subprocess.run(
             [sys.executable, "-m", "service.cli", "sync-plans", *args],
             env=env,
@@ -209,6 +209,10 @@ def test_sync_plans_command(conn: psycopg.Connection[Any], db_url: str, tmp_path
     assert "alice exports: new counter, plan_limit 0, free_limit 3, lapsed false" in lines
     assert lines[-1].startswith("plan sync (dry run, nothing written): 2 accounts checked, would change 2")
     assert "1 overrides left alone" in lines[-1]
+    verbose = cli(v2, "--dry-run", "-v")  # progress on stderr, and still each line once
+    assert verbose.returncode == 0, verbose.stderr
+    everything = verbose.stdout + verbose.stderr
+    assert all(everything.count(line) == 1 for line in lines), everything
 
     broken = _write(tmp_path / "broken.toml", PLANS_V2.replace("urls = 800", "urls = -1"))
     refused = cli(broken)

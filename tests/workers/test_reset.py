@@ -239,8 +239,8 @@ def test_take_in_new_period_before_the_reset_reached_it_keeps_its_units(
     assert counter_mismatches(conn) == []
 
 
-def test_reset_month_command_says_what_it_did(db_url: str, conn: psycopg.Connection[Any]) -> None:
-    env = {**os.environ, "DATABASE_URL": db_url}
+def test_reset_month_command_says_what_it_did(app_db_url: str, conn: psycopg.Connection[Any]) -> None:
+    env = {**os.environ, "DATABASE_URL": app_db_url}
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -259,9 +259,10 @@ def test_reset_month_command_says_what_it_did(db_url: str, conn: psycopg.Connect
     assert busy.returncode == 0, busy.stderr
     assert "skipped: lock busy" in busy.stdout
 
-    did = cli()
+    did = cli("-v")
     assert did.returncode == 0, did.stderr
     assert ": done:" in did.stdout and "counters reset" in did.stdout
+    assert (did.stdout + did.stderr).count(": done:") == 1  # -v shows progress, not the outcome again
 
     again = cli()
     assert again.returncode == 0 and "already done" in again.stdout

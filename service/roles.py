@@ -1,0 +1,48 @@
+"""The login role the service runs as: a member of `quota_app` (migration 0001), which may read and
+append to the ledger and the audit log but not change or delete a row, nor disable their triggers
+(only the owner of the tables, the role `migrate` runs as, may alter them)."""
+
+from __future__ import annotations
+
+import time
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+
+APP_GROUP = "quota_app"
+
+
+def ensure_login_role(owner_url: str, name: str, password: str | None = None) -> None:
+    """Create the login role `name` as a member of quota_app, or bring an existing one in line (LOGIN,
+    the member, the password when one is given). Run it as the owner, after the migrations. Roles
+    belong to the whole cluster: several processes may run this at once, so losing the race to
+    create the role, or to change it, is retried rather than refused."""
+    role, group = sql.Identifier(name), sql.Identifier(APP_GROUP)
+    secret = sql.SQL(" PASSWORD {}").format(sql.Literal(password)) if password else sql.SQL("")
+    with psycopg.connect(owner_url, autocommit=True) as conn:
+        for attempt in range(10):
+            try:
+                exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchone()
+                if not exists:
+                    conn.execute(sql.SQL("CREATE ROLE {} LOGIN{} IN ROLE {}").format(role, secret, group))
+                else:
+                    conn.execute(sql.SQL("ALTER ROLE {} LOGIN{}").format(role, secret))
+                    conn.execute(sql.SQL("GRANT {} TO {}").format(group, role))
+                return
+            except (
+                psycopg.errors.DuplicateObject,  # created by another process since we looked
+                psycopg.errors.UniqueViolation,  # the same race, caught by the catalog's index
+                psycopg.errors.InternalError_,  # "tuple concurrently updated": a concurrent ALTER
+            ):
+                if attempt == 9:
+                    raise
+                time.sleep(0.05 * (attempt + 1))
+
+
+def as_login(url: str, name: str, password: str | None = None) -> str:
+    """`url` with the user (and password) replaced: the same server and database, another role."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    auth = quote(name, safe="") + (":" + quote(password, safe="") if password else "")
+    return urlunsplit(parts._replace(netloc=f"{auth}@{host}"))

@@ -1,0 +1,79 @@
+"""The service runs as a login role that is a member of quota_app, never as the owner of the tables:
+the app and worker fixtures connect as one (tests/conftest.py `app_db_url`), so every HTTP, webhook
+and worker test exercises these grants. Here: the app really connects as it, the role is created
+safely, and every table is granted. What it may not do to the ledger: test_append_only.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
+
+from service.roles import as_login, ensure_login_role
+
+
+def test_the_app_connects_as_the_login_role(app):
+    with app.extensions["quota"].connection() as conn:
+        user, superuser = conn.execute(
+            "SELECT current_user, rolsuper FROM pg_roles WHERE rolname = current_user"
+        ).fetchone()
+    assert user == "quota_ledger_test" and superuser is False
+
+
+def test_ensure_login_role_is_idempotent_and_sets_the_password(pg_url, db_url, app_role):
+    name, password = app_role
+    ensure_login_role(pg_url, name, password)  # a second time: no error
+    with psycopg.connect(as_login(db_url, name, password), autocommit=True) as c:
+        assert c.execute("SELECT current_user").fetchone() == (name,)
+
+
+def test_ensure_login_role_is_race_safe(pg_url, template_db):
+    """Other test runs and deployments create roles on the same cluster at the same time."""
+    name = f"ql_race_{uuid.uuid4().hex[:8]}"
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda i: ensure_login_role(pg_url, name, f"pw{i}"), range(16)))
+        with psycopg.connect(pg_url, autocommit=True) as c:
+            assert c.execute("SELECT pg_has_role(%s, 'quota_app', 'MEMBER')", (name,)).fetchone() == (True,)
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as c:
+            c.execute(f'DROP ROLE IF EXISTS "{name}"')
+
+
+def test_migrate_creates_the_login_role_it_is_given(db_url, pg_url):
+    """As compose runs it: `migrate --login-role NAME` as the owner, the password from the environment."""
+    name = f"ql_login_{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "DATABASE_URL": db_url, "LOGIN_ROLE_PASSWORD": "s3cr3t"}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "service.cli", "migrate", "--login-role", name],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        with psycopg.connect(as_login(db_url, name, "s3cr3t"), autocommit=True) as c:
+            row = c.execute(
+                "SELECT current_user, pg_has_role(current_user, 'quota_app', 'MEMBER')"
+            ).fetchone()
+            assert row == (name, True)
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as c:
+            c.execute(f'DROP ROLE IF EXISTS "{name}"')
+
+
+def test_every_table_is_granted_to_quota_app(conn):
+    """A migration that adds a table grants quota_app what the service needs on it (at least SELECT);
+    the service never runs as the owner, so a forgotten grant fails in production only."""
+    missing = conn.execute(
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm')"
+        " AND c.relname NOT LIKE '%yoyo%' AND NOT has_table_privilege('quota_app', c.oid, 'SELECT')"
+    ).fetchall()
+    assert missing == []

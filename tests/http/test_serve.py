@@ -1,0 +1,212 @@
+"""`quota-ledger serve` as deployed: a real gunicorn subprocess on a real socket, as the service's
+login role. Slow clients do not starve it, its own refusals are JSON, it cleans up after itself,
+and it refuses to start on a taken port or without WEBHOOK_ENVIRONMENT."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import pytest
+
+from service.keys import create_key
+from tests.conftest import PLANS_FILE
+from tests.http.conftest import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def serve_env(database_url: str, redis_url: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    env.update(DATABASE_URL=database_url, REDIS_URL=redis_url, PLANS_FILE=str(PLANS_FILE))
+    env.update(WEBHOOK_ENVIRONMENT="any", **extra)
+    return env
+
+
+def request(
+    port: int, method: str, path: str, body: object = None, key: str | None = None, timeout: float = 5
+) -> tuple[int, bytes]:
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {})
+        c.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
+        r = c.getresponse()
+        return r.status, r.read()
+    finally:
+        c.close()
+
+
+@contextmanager
+def serving(env: dict[str, str], *args: str, log: Path) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
+    """A `serve` subprocess on a free port, up (answering /healthz); stopped with SIGTERM after."""
+    port = free_port()
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "serve", "--bind", f"127.0.0.1:{port}", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, log.read_text()
+            try:
+                if request(port, "GET", "/healthz", timeout=1)[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        yield port, proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+class SlowClient:
+    """A connection that sends its request one byte at a time, the headers (or, with `body`, the
+    body after complete headers) never finishing while the test runs."""
+
+    def __init__(self, port: int, *, body: bool, key: str) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        head = (
+            b"POST /v1/accounts/acc-1/takes HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer " + key.encode() + b"\r\n"  # so that the app waits for the body
+        )
+        if body:
+            self.sock.sendall(head + b"Content-Length: 100000\r\n\r\n")
+        self.pending = iter((b'{"metric": "' + b"u" * 99_000) if body else head + b"X-Slow: " + b"s" * 5000)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._drip, daemon=True)
+        self.thread.start()
+
+    def _drip(self) -> None:
+        try:
+            while not self.stop.wait(0.1):
+                self.sock.send(bytes([next(self.pending)]))
+        except (OSError, StopIteration):
+            pass
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.sock.close()
+
+
+@pytest.mark.slow
+def test_slow_clients_do_not_starve_the_workers(app_db_url, redis_url, conn, tmp_path):
+    key = create_key(conn, name="slow-test", role="product")
+    env = serve_env(app_db_url, redis_url)
+    with serving(env, "--workers", "2", log=tmp_path / "serve.log") as (port, _), ExitStack() as stack:
+        assert request(port, "PUT", "/v1/accounts/acc-1", {"kind": "user"}, key)[0] == 201
+        slow = [SlowClient(port, body=i % 2 == 1, key=key) for i in range(8)]
+        for client in slow:
+            stack.callback(client.close)
+        time.sleep(1.0)  # every slow connection has been accepted and is being read
+        for _ in range(6):  # enough to land on both workers
+            started = time.monotonic()
+            assert request(port, "GET", "/healthz", timeout=1)[0] == 200
+            status, _ = request(port, "POST", "/v1/accounts/acc-1/takes", {"metric": "urls"}, key, timeout=1)
+            assert status == 201
+            assert time.monotonic() - started < 2  # both answered within a second each
+        assert all(c.thread.is_alive() for c in slow)  # and the slow clients are still sending
+
+
+def raw(port: int, data: bytes) -> tuple[int, dict[str, str], bytes]:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(data)
+        reply = b""
+        while chunk := s.recv(65536):
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), {k.lower(): v for k, v in headers.items()}, body
+
+
+@pytest.mark.slow
+def test_gunicorns_own_refusals_are_json_and_serve_cleans_up_its_metrics_folder(
+    app_db_url, redis_url, tmp_path
+):
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    env = serve_env(app_db_url, redis_url, TMPDIR=str(temp))
+    with serving(env, "--workers", "1", log=tmp_path / "serve.log") as (port, proc):
+        assert [p.name[:14] for p in temp.iterdir()] == ["quota-metrics-"]
+        cases = {
+            414: b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+            431: b"GET / HTTP/1.1\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(200)) + b"\r\n",
+            400: b"NOT A REQUEST LINE\r\n\r\n",
+        }
+        for status, data in cases.items():
+            got, headers, body = raw(port, data)
+            assert got == status, body
+            assert headers["content-type"] == "application/json", headers
+            error = json.loads(body)
+            assert set(error) == {"error", "message"}, error
+            assert isinstance(error["error"], str) and error["error"] and error["message"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    assert list(temp.iterdir()) == []
+
+
+def run_cli(*args: str, env: dict[str, str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("command", ["serve", "dev"])
+def test_a_taken_port_is_one_clear_line_and_a_non_zero_exit(command, app_db_url, redis_url):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        done = run_cli(command, "--bind", f"127.0.0.1:{port}", env=serve_env(app_db_url, redis_url))
+    assert done.returncode == 1, done
+    assert time.monotonic() - started < 15
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert str(port) in lines[0] and "--bind" in lines[0] and "in use" in lines[0]
+    assert "quota-ledger dev is running" not in done.stdout
+
+
+def test_serve_refuses_to_start_without_webhook_environment(app_db_url, redis_url):
+    env = serve_env(app_db_url, redis_url)
+    del env["WEBHOOK_ENVIRONMENT"]
+    done = run_cli("serve", "--bind", f"127.0.0.1:{free_port()}", env=env)
+    assert done.returncode != 0
+    assert "WEBHOOK_ENVIRONMENT is not set" in done.stderr and "production" in done.stderr
+
+
+def test_the_app_refuses_to_build_from_an_environment_without_webhook_environment(monkeypatch, db_url):
+    from service import create_app
+
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    monkeypatch.delenv("WEBHOOK_ENVIRONMENT", raising=False)
+    with pytest.raises(RuntimeError, match="WEBHOOK_ENVIRONMENT is not set"):
+        create_app()
