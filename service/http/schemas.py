@@ -166,6 +166,10 @@ class LedgerEntry(Schema):
     take_id = fields.Integer(allow_none=True)
     idempotency_key = fields.String(allow_none=True)
     actor = fields.String()
+    prev_hash = fields.String(
+        allow_none=True, metadata={"description": "hex; the hash of the counter's previous row"}
+    )
+    hash = fields.String(metadata={"description": "hex sha256 chaining this row (README: the hash chain)"})
 
 
 class LedgerPage(Schema):
@@ -214,3 +218,9 @@ class ResetResponse(Schema):
 class DeleteResponse(Schema):
     id = fields.String()
     deleted = fields.Boolean()
+
+
+class RestoreResponse(Schema):
+    id = fields.String()
+    deleted = fields.Boolean()
+    restored = fields.Boolean(metadata={"description": "false: the account was not deleted; nothing changed"})

@@ -27,6 +27,8 @@ class LedgerEntry:
     take_id: int | None
     idempotency_key: str | None
     actor: str
+    prev_hash: bytes | None  # the hash chain (service/quota/chain.py)
+    hash: bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,6 +45,10 @@ class Reconciliation:
     period: str
     checked: int
     mismatches: list[Mismatch]
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches
 
 
 def page(
