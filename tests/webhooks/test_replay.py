@@ -52,7 +52,8 @@ def test_unmatched_stripe_event_then_replay(client: Any, keys: Any, conn: Any) -
     assert state(client, keys, "acc_7f3c21") == ("pro", "active", 500, "plan")
     assert events(client, keys, status="unmatched")["items"] == []
     actors = conn.execute(
-        "SELECT DISTINCT actor FROM audit_log WHERE account_id = 'acc_7f3c21' AND action = 'plan_limit_changed'"
+        "SELECT DISTINCT actor FROM audit_log"
+        " WHERE account_id = 'acc_7f3c21' AND action = 'plan_limit_changed'"
     ).fetchall()
     assert actors == [("replay:test-admin:stripe:evt_1RmUpg8Lt4dXK03v5QwErTyU",)]
     replays = conn.execute(
