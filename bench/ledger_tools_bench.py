@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             )
 
             copy = (
-                f"\\copy (SELECT id, at, account_id, metric, period, kind, units, used_after, take_id,"
+                f"\\copy (SELECT id, at, account_id, metric, period, kind, units, used_after, lim, take_id,"
                 f" idempotency_key, actor, encode(prev_hash, 'hex'), encode(hash, 'hex') FROM ledger"
                 f" WHERE period = '{period}' ORDER BY id) TO '{out_file}' CSV HEADER"
             )

@@ -163,6 +163,10 @@ class LedgerEntry(Schema):
     kind = fields.String(metadata={"enum": ["take", "release", "reset"]})
     units = fields.Integer()
     used_after = fields.Integer()
+    limit = fields.Integer(
+        allow_none=True,
+        metadata={"description": "takes: the effective limit granted against (null: unlimited)"},
+    )
     take_id = fields.Integer(allow_none=True)
     idempotency_key = fields.String(allow_none=True)
     actor = fields.String()

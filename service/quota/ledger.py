@@ -24,6 +24,7 @@ class LedgerEntry:
     kind: str
     units: int
     used_after: int
+    lim: int | None  # takes: the effective limit granted against (None: unlimited, or not a take)
     take_id: int | None
     idempotency_key: str | None
     actor: str

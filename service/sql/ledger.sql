@@ -2,7 +2,7 @@
 
 -- name: ledger_page
 -- Newest-last page after a cursor (the last id seen). Filters are optional.
-SELECT id, at, account_id, metric, period, kind, units, used_after, take_id, idempotency_key, actor,
+SELECT id, at, account_id, metric, period, kind, units, used_after, lim, take_id, idempotency_key, actor,
        prev_hash, hash
   FROM ledger
  WHERE id > %(after)s
@@ -14,7 +14,7 @@ SELECT id, at, account_id, metric, period, kind, units, used_after, take_id, ide
  LIMIT %(limit)s
 
 -- name: ledger_period_rows
-SELECT id, at, account_id, metric, period, kind, units, used_after, take_id, idempotency_key, actor,
+SELECT id, at, account_id, metric, period, kind, units, used_after, lim, take_id, idempotency_key, actor,
        prev_hash, hash
   FROM ledger
  WHERE period = %(period)s
