@@ -221,12 +221,15 @@ def _workload(accounts: list[str], plans: Any, *, releases_race_resets: bool) ->
 
 
 def test_verify_passes_after_a_concurrent_workload(conn: Any, plans: Any, connect: Any) -> None:
-    """Takes, releases and admin resets from 16 connections on a few hot counters: chain order must
-    be id order, whatever the lock waits. (Releases stay off the counter that admins reset: see the
-    xfail test below.)"""
+    """Takes, releases, lazy rollovers and admin resets from 16 connections on a few hot counters:
+    chain order must be id order, whatever the lock waits. (Releases stay off the counter that admins
+    reset: see the xfail test below.)"""
     accounts = [new_account(conn, plans) for _ in range(3)]
     for a in accounts:
         set_override(conn, a, METRIC, 40)
+        for metric in plans.metrics:
+            takes.take(conn, plans, account_id=a, metric=metric, actor="before")
+            set_period(conn, a, metric, EARLIER)  # the racing takes open the month
 
     results = race(connect(16), _workload(accounts, plans, releases_race_resets=False))
 
@@ -236,6 +239,8 @@ def test_verify_passes_after_a_concurrent_workload(conn: Any, plans: Any, connec
     assert result.rows == conn.execute("SELECT count(*) FROM ledger").fetchone()[0] > 300
     kinds = {r[0] for r in conn.execute("SELECT DISTINCT kind FROM ledger").fetchall()}
     assert kinds == {"take", "release", "reset"}
+    opened = conn.execute("SELECT count(*) FROM ledger WHERE idempotency_key LIKE 'period-open:%'").fetchone()
+    assert opened == (len(accounts) * len(plans.metrics),)
     for a in accounts:
         for metric in plans.metrics:
             assert_chained(conn, a, metric)
