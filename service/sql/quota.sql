@@ -95,8 +95,13 @@ WITH taken AS (
      WHERE q.period = taken.period
        FOR UPDATE OF q
 ), given AS (
+    -- greatest(..., 0) never changes what is written: `held` locked the newest row version, so there
+    -- used >= what is given back. But when the row changed after this statement's snapshot, Postgres
+    -- first evaluates SET on the version the snapshot saw, then finds it updated and evaluates again on
+    -- the locked one; the quota_units domain check (migrations/0005) runs in that first evaluation,
+    -- and a stale `used` below held.used would fail it spuriously (a release racing an admin reset).
     UPDATE quotas q
-       SET used = q.used - least(held.units, held.used),
+       SET used = greatest(q.used - least(held.units, held.used), 0),
            (chain_prev, chain_id, chain_at, chain_hash) = (
                SELECT q.chain_hash, e.id, e.at,
                       ledger_hash(q.chain_hash, e.id, e.at, q.account_id, q.metric, q.period, 'release',

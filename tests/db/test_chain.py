@@ -199,7 +199,7 @@ def test_every_writer_chains_as_the_application_role(conn: Any, plans: Any) -> N
 # --- verify ----------------------------------------------------------------------------------------
 
 
-def _workload(accounts: list[str], plans: Any, *, releases_race_resets: bool) -> Any:
+def _workload(accounts: list[str], plans: Any) -> Any:
     def work(c: Any) -> int:
         rnd = random.Random(id(c))
         done = 0
@@ -209,7 +209,7 @@ def _workload(accounts: list[str], plans: Any, *, releases_race_resets: bool) ->
             try:
                 t = takes.take(c, plans, account_id=account, metric=metric, actor="w")
                 done += 1
-                if i % 3 == 0 and (releases_race_resets or metric != METRIC):
+                if i % 3 == 0:
                     takes.release(c, take_id=t.take_id, actor="w")
                 if i % 11 == 0:
                     admin.reset_counter(c, plans, account_id=account, metric=METRIC, actor="ops")
@@ -222,8 +222,7 @@ def _workload(accounts: list[str], plans: Any, *, releases_race_resets: bool) ->
 
 def test_verify_passes_after_a_concurrent_workload(conn: Any, plans: Any, connect: Any) -> None:
     """Takes, releases, lazy rollovers and admin resets from 16 connections on a few hot counters:
-    chain order must be id order, whatever the lock waits. (Releases stay off the counter that admins
-    reset: see the xfail test below.)"""
+    chain order must be id order, whatever the lock waits."""
     accounts = [new_account(conn, plans) for _ in range(3)]
     for a in accounts:
         set_override(conn, a, METRIC, 40)
@@ -231,7 +230,7 @@ def test_verify_passes_after_a_concurrent_workload(conn: Any, plans: Any, connec
             takes.take(conn, plans, account_id=a, metric=metric, actor="before")
             set_period(conn, a, metric, EARLIER)  # the racing takes open the month
 
-    results = race(connect(16), _workload(accounts, plans, releases_race_resets=False))
+    results = race(connect(16), _workload(accounts, plans))
 
     assert [r for r in results if isinstance(r, BaseException)] == []
     result = chain.verify(conn)
@@ -246,19 +245,33 @@ def test_verify_passes_after_a_concurrent_workload(conn: Any, plans: Any, connec
             assert_chained(conn, a, metric)
 
 
-@pytest.mark.xfail(
-    reason="found here, not fixed (it predates the chain): a release racing an admin reset of the same "
-    "counter can compute a negative `used` and fail with quota_units_check",
-    raises=AssertionError,
-    strict=False,
-)
-def test_release_racing_an_admin_reset(conn: Any, plans: Any, connect: Any) -> None:
-    accounts = [new_account(conn, plans) for _ in range(3)]
-    for a in accounts:
-        set_override(conn, a, METRIC, 40)
-    results = race(connect(16), _workload(accounts, plans, releases_race_resets=True))
+def test_release_racing_an_admin_reset_of_its_counter(conn: Any, plans: Any, connect: Any) -> None:
+    """Found by the workload above: Postgres checks the quota_units domain while it evaluates SET on
+    the row version its snapshot saw, before it re-evaluates on the locked newest one, so a release
+    whose counter an admin reset meanwhile failed spuriously (see the `release` statement)."""
+    account = new_account(conn, plans)
+    set_override(conn, account, METRIC, None)
+
+    def release_loop(c: Any) -> int:
+        n = 0
+        for _ in range(60):
+            t = takes.take(c, plans, account_id=account, metric=METRIC, units=2, actor="t")
+            n += takes.release(c, take_id=t.take_id, actor="r").released
+        return n
+
+    def reset_loop(c: Any) -> int:
+        for _ in range(60):
+            admin.reset_counter(c, plans, account_id=account, metric=METRIC, actor="ops")
+        return 0
+
+    conns = connect(4)
+    results = race(conns, lambda c: reset_loop(c) if c is conns[0] else release_loop(c))
+
     assert [r for r in results if isinstance(r, BaseException)] == []
     assert chain.verify(conn).ok
+    assert conn.execute(
+        "SELECT min(used_after) >= 0 FROM ledger WHERE account_id = %s", (account,)
+    ).fetchone() == (True,)
 
 
 def test_a_changed_field_is_named(conn: Any, plans: Any) -> None:
