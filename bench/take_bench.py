@@ -51,7 +51,22 @@ def account_name(i: int) -> str:
 
 def setup(pg: str, *, ql: str = "bench_ql", bl: str = "bench_bl") -> tuple[str, str]:
     """Fresh scratch databases, seeded with 100,000 accounts each. Returns (ours, baseline) URLs."""
-    ql_url = recreate_database(pg, ql)
+    ql_url = service_database(pg, ql)
+    bl_url = recreate_database(pg, bl)
+    subprocess.run(
+        ["psql", "-q", "-v", "ON_ERROR_STOP=1", "-f", str(BASELINE / "schema.sql"), bl_url],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        env={**os.environ, "PGOPTIONS": "-c client_min_messages=warning"},
+    )
+    with psycopg.connect(bl_url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE bl_usage")
+    return ql_url, bl_url
+
+
+def service_database(pg: str, name: str) -> str:
+    """A fresh scratch database `name` with our migrations and 100,000 accounts; returns its URL."""
+    ql_url = recreate_database(pg, name)
     migrate(ql_url)
     plans = load_plans(PLANS_FILE)
     plan = plans.free_plan
@@ -71,16 +86,7 @@ def setup(pg: str, *, ql: str = "bench_ql", bl: str = "bench_bl") -> tuple[str, 
         )
         conn.execute("VACUUM ANALYZE accounts")
         conn.execute("VACUUM ANALYZE quotas")
-    bl_url = recreate_database(pg, bl)
-    subprocess.run(
-        ["psql", "-q", "-v", "ON_ERROR_STOP=1", "-f", str(BASELINE / "schema.sql"), bl_url],
-        check=True,
-        stdout=subprocess.DEVNULL,
-        env={**os.environ, "PGOPTIONS": "-c client_min_messages=warning"},
-    )
-    with psycopg.connect(bl_url, autocommit=True) as conn:
-        conn.execute("VACUUM ANALYZE bl_usage")
-    return ql_url, bl_url
+    return ql_url
 
 
 def product_key(ql_url: str, name: str = "bench") -> str:
@@ -92,8 +98,20 @@ def product_key(ql_url: str, name: str = "bench") -> str:
 # --- the in-process side ------------------------------------------------------------------------
 
 
-def _take_worker(url: str, threads: int, seconds: float, start_at: float, hot: bool, out: mp.Queue) -> None:
+def use_take_statement(sql: str) -> None:
+    """Make take() run `sql` instead of service/sql's `take` in this process (bench/chain_bench.py's
+    chain-off side; never done by the service)."""
+    from service.db import Q
+
+    Q._q["take"] = sql
+
+
+def _take_worker(
+    url: str, threads: int, seconds: float, start_at: float, hot: bool, out: mp.Queue, take_sql: str | None
+) -> None:
     """`threads` threads, one connection each, taking until start_at + seconds; puts the count."""
+    if take_sql is not None:
+        use_take_statement(take_sql)
     plans = load_plans(PLANS_FILE)
     counts = [0] * threads
     errors: list[BaseException] = []
@@ -125,14 +143,16 @@ def _take_worker(url: str, threads: int, seconds: float, start_at: float, hot: b
     out.put(repr(errors[0]) if errors else (sum(counts), time.process_time() - cpu0))
 
 
-def run_takes(url: str, *, threads: int, procs: int, seconds: float, hot: bool) -> tuple[float, float]:
+def run_takes(
+    url: str, *, threads: int, procs: int, seconds: float, hot: bool, take_sql: str | None = None
+) -> tuple[float, float]:
     """Takes per second from `threads` threads spread over `procs` processes, and the client CPU
-    seconds per take."""
+    seconds per take. `take_sql`: the statement take() runs instead of its own."""
     ctx = mp.get_context("spawn")
     out: mp.Queue = ctx.Queue()
     start_at = time.time() + 1.5 + 0.5 * procs  # everyone connected before the clock starts
     per = [threads // procs + (1 if i < threads % procs else 0) for i in range(procs)]
-    ps = [ctx.Process(target=_take_worker, args=(url, n, seconds, start_at, hot, out)) for n in per]
+    ps = [ctx.Process(target=_take_worker, args=(url, n, seconds, start_at, hot, out, take_sql)) for n in per]
     for p in ps:
         p.start()
     results = [out.get() for _ in ps]
@@ -145,14 +165,14 @@ def run_takes(url: str, *, threads: int, procs: int, seconds: float, hot: bool) 
     return n / seconds, sum(r[1] for r in results) / max(n, 1)
 
 
-def our_take_script(tmp: Path, *, hot: bool) -> Path:
+def our_take_script(tmp: Path, *, hot: bool, sql: str | None = None, stem: str = "take_ours") -> Path:
     """Our `take` statement (service/sql/quota.sql) as a pgbench script: the database-side cost of
     our schema (text ids, generated limit columns, a wider ledger row with three indexes) with no
     Python in the loop, for comparison with the baseline's statement."""
     from service.db import Q
 
     aid = "1" if hot else ":aid"
-    sql = Q.take
+    sql = sql or Q.take
     for name, value in {
         "account_id": f"('acct-' || {aid})",
         "metric": f"'{METRIC}'",
@@ -163,7 +183,7 @@ def our_take_script(tmp: Path, *, hot: bool) -> Path:
     }.items():
         sql = sql.replace(f"%({name})s", value)
     body = "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
-    path = tmp / ("take_ours_hot.sql" if hot else "take_ours_spread.sql")
+    path = tmp / (f"{stem}_hot.sql" if hot else f"{stem}_spread.sql")
     path.write_text(("" if hot else f"\\set aid random(1, {ACCOUNTS})\n") + body + ";\n")
     return path
 

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,16 @@ def _settings(*, serving: bool = False) -> Settings:
 
 def _connect(settings: Settings) -> psycopg.Connection[Any]:
     return psycopg.connect(settings.database_url, autocommit=True)
+
+
+def _cli_actor() -> str:
+    """Who runs a command, for the audit log: `cli:<login name>`."""
+    import getpass
+
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):  # no login name (e.g. a container's anonymous uid)
+        return f"cli:uid-{os.getuid()}"
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -52,7 +62,7 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
 
     with _connect(_settings()) as conn:
         try:
-            key = create_key(conn, name=args.name, role=args.role)
+            key = create_key(conn, name=args.name, role=args.role, actor=_cli_actor())
         except psycopg.errors.UniqueViolation:
             print(f"a live key named {args.name!r} exists; revoke it first", file=sys.stderr)
             return 1
@@ -68,7 +78,7 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
     from service.keys import revoke_key
 
     with _connect(_settings()) as conn:
-        if not revoke_key(conn, name=args.name):
+        if not revoke_key(conn, name=args.name, actor=_cli_actor()):
             print(f"no live key named {args.name!r}", file=sys.stderr)
             return 1
     print(f"revoked {args.name!r} (running servers stop accepting it within KEY_CACHE_SECONDS)")
@@ -157,7 +167,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     keys = {}
     with _connect(settings) as conn:
         for role in ("admin", "product", "finance"):
-            keys[role] = reissue_key(conn, name=f"dev-{role}", role=role)
+            keys[role] = reissue_key(conn, name=f"dev-{role}", role=role, actor="system:dev")
     host, _, port = args.bind.rpartition(":")
     procs = {
         "web": subprocess.Popen(
@@ -294,6 +304,83 @@ def cmd_sync_plans(args: argparse.Namespace) -> int:
     return 0
 
 
+def _progress(what: str) -> Callable[[int], None]:
+    started = time.monotonic()
+
+    def report(rows: int) -> None:
+        elapsed = time.monotonic() - started
+        print(f"{what}: {rows:,} rows, {rows / max(elapsed, 1e-9):,.0f} rows/s", file=sys.stderr, flush=True)
+
+    return report
+
+
+def cmd_ledger_verify(args: argparse.Namespace) -> int:
+    """Walk every counter's hash chain. Exit 0 when every row and head holds, 1 on a finding."""
+    from service.quota.chain import verify
+
+    started = time.monotonic()
+    with _connect(_settings()) as conn:
+        result = verify(
+            conn, account_id=args.account, since=args.since, on_progress=_progress("ledger verify")
+        )
+    for finding in result.findings:
+        print(finding.describe())
+    elapsed = time.monotonic() - started
+    verdict = "OK" if result.ok else f"{len(result.findings)} account(s) with a broken chain"
+    print(
+        f"ledger verify: {result.rows:,} rows checked in {result.counters:,} counters of "
+        f"{result.accounts:,} accounts, {elapsed:.1f} s ({result.rows / max(elapsed, 1e-9):,.0f} rows/s): "
+        f"{verdict}"
+    )
+    return 0 if result.ok else 1
+
+
+def cmd_ledger_export(args: argparse.Namespace) -> int:
+    """A period's ledger, streamed: the CSV of GET /v1/ledger.csv, or the same records as JSON lines."""
+    from service.quota import export, ledger
+
+    chunks = export.csv_chunks if args.format == "csv" else export.jsonl_chunks
+    rows = 0
+
+    def counted(entries: Iterator[ledger.LedgerEntry]) -> Iterator[ledger.LedgerEntry]:
+        nonlocal rows
+        report = _progress("ledger export")
+        for e in entries:
+            rows += 1
+            if rows % 100_000 == 0:
+                report(rows)
+            yield e
+
+    out = open(args.output, "w", newline="", encoding="utf-8") if args.output else sys.stdout  # noqa: SIM115
+    try:
+        with _connect(_settings()) as conn:
+            for chunk in chunks(counted(ledger.period_rows(conn, period=args.period))):
+                out.write(chunk)
+    finally:
+        if args.output:
+            out.close()
+        else:
+            out.flush()
+    print(f"ledger export {args.period}: {rows:,} rows", file=sys.stderr)
+    return 0
+
+
+def cmd_reconcile(args: argparse.Namespace) -> int:
+    """GET /v1/reconciliation's check, printed. Exit 0 when every counter matches its ledger, 1 if not."""
+    from service.quota.ledger import reconcile
+
+    with _connect(_settings()) as conn:
+        result = reconcile(conn, period=args.period)
+    for m in result.mismatches:
+        print(
+            f"{m.account_id} {m.metric}: counter used {m.counter_used}, ledger sum {m.ledger_used}, "
+            f"last used_after {m.last_used_after}"
+        )
+    verdict = "OK" if result.ok else f"{len(result.mismatches)} mismatch(es)"
+    print(f"reconcile {result.period}: {result.checked:,} counters checked: {verdict}")
+    return 0 if result.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="quota-ledger", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -350,6 +437,23 @@ def build_parser() -> argparse.ArgumentParser:
         if not is_period(s):
             raise argparse.ArgumentTypeError(f"{s!r} is not a period YYYY-MM")
         return s
+
+    ledger = sub.add_parser("ledger", help="finance: verify the hash chain, export a period").add_subparsers(
+        dest="ledger_command", required=True
+    )
+    verify = ledger.add_parser("verify", help="walk every hash chain; exit 1 if a row or head is broken")
+    verify.add_argument("--account", metavar="ID", help="only this account's counters")
+    verify.add_argument("--since", type=int, default=0, metavar="ID", help="only ledger rows with id >= ID")
+    verify.set_defaults(func=cmd_ledger_verify)
+    exp = ledger.add_parser("export", help="a period's ledger, streamed (the columns of /v1/ledger.csv)")
+    exp.add_argument("--period", type=period_arg, required=True, metavar="YYYY-MM")
+    exp.add_argument("--format", choices=["csv", "jsonl"], default="csv")
+    exp.add_argument("--output", metavar="FILE", help="default: standard output")
+    exp.set_defaults(func=cmd_ledger_export)
+
+    rec = sub.add_parser("reconcile", help="counters vs ledger for a period; exit 1 on a mismatch")
+    rec.add_argument("--period", type=period_arg, required=True, metavar="YYYY-MM")
+    rec.set_defaults(func=cmd_reconcile)
 
     reset = sub.add_parser("reset-month", help="run the monthly reset now (a no-op once done)")
     reset.add_argument("--period", type=period_arg, metavar="YYYY-MM", help="default: the current UTC month")

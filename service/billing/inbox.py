@@ -33,6 +33,7 @@ from typing import TypeVar
 
 import psycopg
 from psycopg.rows import class_row, dict_row
+from psycopg.types.json import Jsonb
 
 from service.billing.apply import (
     Outcome,
@@ -230,15 +231,62 @@ def replay(
                         account = resolve_account(conn, env.provider, lookup(change))
                     return apply_change(conn, plans, env, change, account, actor=by)
 
-                _finish(conn, inbox_id, _guarded(env, run), replay=True)
+                outcome = _guarded(env, run)
+                _finish(conn, inbox_id, outcome, replay=True)
+                _audit_replay(
+                    conn,
+                    inbox_id,
+                    env,
+                    actor=actor,
+                    status=outcome.status,
+                    account_id=outcome.account_id,
+                    error=outcome.error,
+                )
             break
         except _ApplyFailed as e:
-            conn.execute(Q.inbox_failed, {"id": inbox_id, "error": e.error})
+            with transaction(conn):
+                conn.execute(Q.inbox_failed, {"id": inbox_id, "error": e.error})
+                _audit_replay(
+                    conn, inbox_id, env, actor=actor, status="failed", account_id=None, error=e.error
+                )
             break
         except RETRYABLE:
             if attempt == RETRIES:
                 raise
     return get(conn, inbox_id)
+
+
+def _audit_replay(
+    conn: Connection,
+    inbox_id: int,
+    env: Envelope,
+    *,
+    actor: str,
+    status: str,
+    account_id: str | None,
+    error: str | None,
+) -> None:
+    """An admin's replay is an admin action: one audit row, with what became of the event."""
+    conn.execute(
+        Q.audit,
+        {
+            "actor": actor,
+            "action": "event_replayed",
+            "account_id": account_id or "",
+            "metric": None,
+            "old": Jsonb(None),
+            "new": Jsonb(
+                {
+                    "inbox_id": inbox_id,
+                    "provider": env.provider,
+                    "event_id": env.event_id,
+                    "type": env.type,
+                    "status": status,
+                    "error": error,
+                }
+            ),
+        },
+    )
 
 
 def get(conn: Connection, inbox_id: int) -> StoredEvent:

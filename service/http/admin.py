@@ -1,4 +1,4 @@
-"""Admin API (role admin): the admin account view and sticky overrides."""
+"""Admin API (role admin): the admin account view, sticky overrides, resets, delete and restore."""
 
 from __future__ import annotations
 
@@ -77,6 +77,14 @@ def delete_account(id: str) -> Response:
     return jsonify({"id": id, "deleted": True})
 
 
+@bp.post("/accounts/<id>/restore")
+@require("admin")
+def restore_account(id: str) -> Response:
+    with runtime().connection() as conn:
+        restored = admin.restore(conn, account_id=account_id(id), actor=actor())
+    return jsonify({"id": id, "deleted": False, "restored": restored})
+
+
 E = schemas.Error
 ERR = {400: E, 401: E, 403: E, 404: E, 422: E}
 openapi.register(
@@ -94,4 +102,12 @@ openapi.register(
     "admin",
     None,
     {200: schemas.DeleteResponse, **ERR},
+)
+openapi.register(
+    "post",
+    "/v1/admin/accounts/{id}/restore",
+    "Restore a soft-deleted account (audited; a live account is left as it is)",
+    "admin",
+    None,
+    {200: schemas.RestoreResponse, **ERR},
 )

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-import io
 from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
@@ -14,34 +12,14 @@ from service.http import openapi, schemas
 from service.http.auth import require
 from service.http.runtime import runtime
 from service.http.validation import query_args
-from service.quota import ledger
+from service.quota import export, ledger
 
 bp = Blueprint("finance", __name__, url_prefix="/v1")
-
-CSV_COLUMNS = (
-    "id",
-    "at",
-    "account_id",
-    "metric",
-    "period",
-    "kind",
-    "units",
-    "used_after",
-    "take_id",
-    "idempotency_key",
-    "actor",
-)
 
 
 def _page(items: list[dict[str, Any]], limit: int) -> dict[str, Any]:
     """`next_cursor` is the last id of a full page; a short page is the end (null)."""
     return {"items": items, "next_cursor": str(items[-1]["id"]) if len(items) == limit else None}
-
-
-def _entry_json(e: ledger.LedgerEntry) -> dict[str, Any]:
-    out = asdict(e)
-    out["at"] = e.at.isoformat()
-    return out
 
 
 @bp.get("/ledger")
@@ -51,7 +29,7 @@ def get_ledger() -> Response:
     after = int(args.pop("cursor", 0))
     with runtime().connection() as conn:
         rows = ledger.page(conn, after=after, **args)
-    return jsonify(_page([_entry_json(r) for r in rows], args["limit"]))
+    return jsonify(_page([export.record(r) for r in rows], args["limit"]))
 
 
 @bp.get("/ledger.csv")
@@ -61,17 +39,8 @@ def get_ledger_csv() -> Response:
     rt = runtime()
 
     def rows() -> Iterator[str]:
-        buf = io.StringIO()
-        out = csv.writer(buf)
-        out.writerow(CSV_COLUMNS)
         with rt.connection() as conn:
-            for i, e in enumerate(ledger.period_rows(conn, period=period), 1):
-                out.writerow([_entry_json(e)[c] for c in CSV_COLUMNS])
-                if i % 1000 == 0:
-                    yield buf.getvalue()
-                    buf.seek(0)
-                    buf.truncate()
-        yield buf.getvalue()
+            yield from export.csv_chunks(ledger.period_rows(conn, period=period))
 
     return Response(
         rows(),

@@ -163,9 +163,17 @@ class LedgerEntry(Schema):
     kind = fields.String(metadata={"enum": ["take", "release", "reset"]})
     units = fields.Integer()
     used_after = fields.Integer()
+    limit = fields.Integer(
+        allow_none=True,
+        metadata={"description": "takes: the effective limit granted against (null: unlimited)"},
+    )
     take_id = fields.Integer(allow_none=True)
     idempotency_key = fields.String(allow_none=True)
     actor = fields.String()
+    prev_hash = fields.String(
+        allow_none=True, metadata={"description": "hex; the hash of the counter's previous row"}
+    )
+    hash = fields.String(metadata={"description": "hex sha256 chaining this row (README: the hash chain)"})
 
 
 class LedgerPage(Schema):
@@ -214,3 +222,9 @@ class ResetResponse(Schema):
 class DeleteResponse(Schema):
     id = fields.String()
     deleted = fields.Boolean()
+
+
+class RestoreResponse(Schema):
+    id = fields.String()
+    deleted = fields.Boolean()
+    restored = fields.Boolean(metadata={"description": "false: the account was not deleted; nothing changed"})

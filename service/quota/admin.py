@@ -1,4 +1,5 @@
-"""Admin-only operations on an account: manual reset of a counter and soft delete."""
+"""Admin-only operations on an account: manual reset of a counter, soft delete and restore. Each is
+audited, in the transaction that makes it, so `/v1/audit` is the one list of what admins did."""
 
 from __future__ import annotations
 
@@ -33,10 +34,23 @@ def reset_counter(
     if acct[5]:
         raise AccountDeleted(f"account {account_id!r} was deleted")
     ensure_quotas(conn, plans, account_id=account_id, period=period)
-    # A counter still in an earlier month is first opened into this one, as a take would.
-    conn.execute(Q.roll_over, {**params, "actor": ROLLOVER_ACTOR})
-    row = conn.execute(Q.admin_reset, params).fetchone()
-    return int(row[1]) if row else 0  # type: ignore[call-overload]
+    with transaction(conn):
+        # A counter still in an earlier month is first opened into this one, as a take would.
+        conn.execute(Q.roll_over, {**params, "actor": ROLLOVER_ACTOR})
+        row = conn.execute(Q.admin_reset, params).fetchone()
+        previous = int(row[1]) if row else 0  # type: ignore[call-overload]
+        conn.execute(
+            Q.audit,
+            {
+                "actor": actor,
+                "action": "counter_reset",
+                "account_id": account_id,
+                "metric": metric,
+                "old": Jsonb({"used": previous, "period": period}),
+                "new": Jsonb({"used": 0, "period": period, "ledger_id": row[0] if row else None}),
+            },
+        )
+    return previous
 
 
 def soft_delete(conn: Connection, *, account_id: str, actor: str) -> None:
@@ -57,3 +71,28 @@ def soft_delete(conn: Connection, *, account_id: str, actor: str) -> None:
                 "new": Jsonb({"deleted": True}),
             },
         )
+
+
+def restore(conn: Connection, *, account_id: str, actor: str) -> bool:
+    """Undo a soft delete: takes are accepted again and resets include the account (a counter left
+    in an earlier month is rolled over by its next take). False, and no audit row, when the account
+    was not deleted: the audit log records only what changed."""
+    params = {"account_id": account_id}
+    with transaction(conn):
+        if conn.execute(Q.restore_account, params).fetchone() is None:
+            if conn.execute(Q.account_get, params).fetchone() is None:
+                raise UnknownAccount(f"unknown account {account_id!r}")
+            return False
+        conn.execute(Q.restore_quotas, params)
+        conn.execute(
+            Q.audit,
+            {
+                "actor": actor,
+                "action": "account_restored",
+                "account_id": account_id,
+                "metric": None,
+                "old": Jsonb({"deleted": True}),
+                "new": Jsonb({"deleted": False}),
+            },
+        )
+    return True

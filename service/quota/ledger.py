@@ -24,9 +24,12 @@ class LedgerEntry:
     kind: str
     units: int
     used_after: int
+    lim: int | None  # takes: the effective limit granted against (None: unlimited, or not a take)
     take_id: int | None
     idempotency_key: str | None
     actor: str
+    prev_hash: bytes | None  # the hash chain (service/quota/chain.py)
+    hash: bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,6 +46,10 @@ class Reconciliation:
     period: str
     checked: int
     mismatches: list[Mismatch]
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches
 
 
 def page(

@@ -55,18 +55,31 @@ WITH batch AS (
        FOR UPDATE
 ), opened AS (
     UPDATE quotas q
-       SET used = 0, period = %(period)s
+       SET used = 0, period = %(period)s,
+           (chain_prev, chain_id, chain_at, chain_hash) = (
+               SELECT q.chain_hash, e.id, e.at,
+                      ledger_hash(q.chain_hash, e.id, e.at, q.account_id, q.metric, %(period)s, 'reset',
+                                  batch.used, 0, NULL, NULL, 'period-open:' || %(period)s, %(actor)s)
+                 FROM (SELECT nextval('ledger_id_seq') AS id, clock_timestamp() AS at) AS e)
       FROM batch
-     WHERE q.account_id = batch.account_id AND q.metric = batch.metric
- RETURNING q.account_id, q.metric, batch.used AS cleared
+     WHERE q.account_id = batch.account_id AND q.metric = batch.metric AND batch.used > 0
+ RETURNING q.account_id, q.metric, batch.used AS cleared, q.chain_id, q.chain_at, q.chain_prev, q.chain_hash
+), emptied AS (  -- held nothing: the period moves on, no ledger row, the chain stays where it is
+    UPDATE quotas q
+       SET period = %(period)s
+      FROM batch
+     WHERE q.account_id = batch.account_id AND q.metric = batch.metric AND batch.used = 0
+ RETURNING 1
 ), entries AS (
-    INSERT INTO ledger (account_id, metric, period, kind, units, used_after, idempotency_key, actor)
-    SELECT account_id, metric, %(period)s, 'reset', cleared, 0, 'period-open:' || %(period)s, %(actor)s
+    INSERT INTO ledger (id, at, account_id, metric, period, kind, units, used_after, idempotency_key, actor,
+                        prev_hash, hash)
+    OVERRIDING SYSTEM VALUE
+    SELECT chain_id, chain_at, account_id, metric, %(period)s, 'reset', cleared, 0,
+           'period-open:' || %(period)s, %(actor)s, chain_prev, chain_hash
       FROM opened
-     WHERE cleared > 0
  RETURNING 1
 )
-SELECT (SELECT count(*) FROM opened) AS counters,
+SELECT (SELECT count(*) FROM opened) + (SELECT count(*) FROM emptied) AS counters,
        (SELECT count(*) FROM entries) AS reset_rows,
        last.period AS cursor_period, last.account_id AS cursor_account, last.metric AS cursor_metric
   FROM (SELECT 1) AS one

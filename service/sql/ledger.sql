@@ -2,7 +2,8 @@
 
 -- name: ledger_page
 -- Newest-last page after a cursor (the last id seen). Filters are optional.
-SELECT id, at, account_id, metric, period, kind, units, used_after, take_id, idempotency_key, actor
+SELECT id, at, account_id, metric, period, kind, units, used_after, lim, take_id, idempotency_key, actor,
+       prev_hash, hash
   FROM ledger
  WHERE id > %(after)s
    AND (%(account_id)s::text IS NULL OR account_id = %(account_id)s)
@@ -13,7 +14,8 @@ SELECT id, at, account_id, metric, period, kind, units, used_after, take_id, ide
  LIMIT %(limit)s
 
 -- name: ledger_period_rows
-SELECT id, at, account_id, metric, period, kind, units, used_after, take_id, idempotency_key, actor
+SELECT id, at, account_id, metric, period, kind, units, used_after, lim, take_id, idempotency_key, actor,
+       prev_hash, hash
   FROM ledger
  WHERE period = %(period)s
  ORDER BY id
@@ -60,13 +62,20 @@ WITH prior AS (
        FOR UPDATE
 ), cleared AS (
     UPDATE quotas q
-       SET used = 0
+       SET used = 0,
+           (chain_prev, chain_id, chain_at, chain_hash) = (
+               SELECT q.chain_hash, e.id, e.at,
+                      ledger_hash(q.chain_hash, e.id, e.at, q.account_id, q.metric, %(period)s, 'reset',
+                                  prior.used, 0, NULL, NULL, NULL, %(actor)s)
+                 FROM (SELECT nextval('ledger_id_seq') AS id, clock_timestamp() AS at) AS e)
       FROM prior
      WHERE q.account_id = prior.account_id AND q.metric = prior.metric
- RETURNING q.account_id, q.metric, prior.used AS previous
+ RETURNING q.account_id, q.metric, prior.used AS previous, q.chain_id, q.chain_at, q.chain_prev, q.chain_hash
 )
-INSERT INTO ledger (account_id, metric, period, kind, units, used_after, actor)
-SELECT account_id, metric, %(period)s, 'reset', previous, 0, %(actor)s FROM cleared
+INSERT INTO ledger (id, at, account_id, metric, period, kind, units, used_after, actor, prev_hash, hash)
+OVERRIDING SYSTEM VALUE
+SELECT chain_id, chain_at, account_id, metric, %(period)s, 'reset', previous, 0, %(actor)s, chain_prev, chain_hash
+  FROM cleared
 RETURNING id, units AS previous
 
 -- name: soft_delete_account
@@ -76,3 +85,12 @@ RETURNING id
 
 -- name: soft_delete_quotas
 UPDATE quotas SET account_deleted = true WHERE account_id = %(account_id)s
+
+-- name: restore_account
+-- Only a deleted account is restored (no row back: it was not deleted, or does not exist).
+UPDATE accounts SET deleted = false, updated_at = now()
+ WHERE id = %(account_id)s AND deleted
+RETURNING id
+
+-- name: restore_quotas
+UPDATE quotas SET account_deleted = false WHERE account_id = %(account_id)s

@@ -5,18 +5,27 @@
 -- row version under READ COMMITTED, so concurrent takes neither overshoot nor lose an update, and
 -- the ledger row is written by the same statement. A duplicate idempotency key makes the INSERT
 -- raise a unique violation, which aborts the whole statement, counter update included.
+-- The row's id, time and chained hash are drawn in the UPDATE's SET, which Postgres evaluates again
+-- on the newest row version after a lock wait: chain order is id order (migrations/0009).
 WITH granted AS (
     UPDATE quotas
-       SET used = used + %(units)s
+       SET used = used + %(units)s,
+           (chain_prev, chain_id, chain_at, chain_hash) = (
+               SELECT quotas.chain_hash, e.id, e.at,
+                      ledger_hash(quotas.chain_hash, e.id, e.at, quotas.account_id, quotas.metric,
+                                  quotas.period, 'take', %(units)s, quotas.used + %(units)s, quotas.lim,
+                                  NULL, %(idempotency_key)s, %(actor)s)
+                 FROM (SELECT nextval('ledger_id_seq') AS id, clock_timestamp() AS at) AS e)
      WHERE account_id = %(account_id)s AND metric = %(metric)s AND period = %(period)s
        AND NOT account_deleted
        AND (lim IS NULL OR used + %(units)s <= lim)
- RETURNING account_id, metric, period, used, lim, limit_source
+ RETURNING account_id, metric, period, used, lim, limit_source, chain_id, chain_at, chain_prev, chain_hash
 ), entry AS (
-    INSERT INTO ledger (account_id, metric, period, kind, units, used_after, lim, limit_source,
-                        idempotency_key, actor)
-    SELECT account_id, metric, period, 'take', %(units)s, used, lim, limit_source,
-           %(idempotency_key)s, %(actor)s
+    INSERT INTO ledger (id, at, account_id, metric, period, kind, units, used_after, lim, limit_source,
+                        idempotency_key, actor, prev_hash, hash)
+    OVERRIDING SYSTEM VALUE
+    SELECT chain_id, chain_at, account_id, metric, period, 'take', %(units)s, used, lim, limit_source,
+           %(idempotency_key)s, %(actor)s, chain_prev, chain_hash
       FROM granted
  RETURNING id, metric, period, units, used_after, lim, limit_source
 )
@@ -39,7 +48,8 @@ SELECT id AS take_id, metric, units, used_after AS used, lim AS "limit", period,
 -- Lazy rollover of one counter into `period`, and the ledger row that records what it cleared.
 -- FOR UPDATE reads the latest row version (and skips it if another statement rolled it over
 -- first), so `prior.used` is exactly what this statement clears. A counter that held nothing
--- needs no reset row. The unique index on period-open keys makes a second opening impossible.
+-- needs no reset row, so its chain does not move. The unique index on period-open keys makes a
+-- second opening impossible.
 WITH prior AS (
     SELECT account_id, metric, used
       FROM quotas
@@ -47,15 +57,27 @@ WITH prior AS (
        FOR UPDATE
 ), opened AS (
     UPDATE quotas q
-       SET used = 0, period = %(period)s
+       SET used = 0, period = %(period)s,
+           (chain_prev, chain_id, chain_at, chain_hash) = (
+               SELECT q.chain_hash, e.id, e.at,
+                      ledger_hash(q.chain_hash, e.id, e.at, q.account_id, q.metric, %(period)s, 'reset',
+                                  prior.used, 0, NULL, NULL, 'period-open:' || %(period)s, %(actor)s)
+                 FROM (SELECT nextval('ledger_id_seq') AS id, clock_timestamp() AS at) AS e)
       FROM prior
-     WHERE q.account_id = prior.account_id AND q.metric = prior.metric
- RETURNING q.account_id, q.metric, prior.used AS cleared
+     WHERE q.account_id = prior.account_id AND q.metric = prior.metric AND prior.used > 0
+ RETURNING q.account_id, q.metric, prior.used AS cleared, q.chain_id, q.chain_at, q.chain_prev, q.chain_hash
+), emptied AS (
+    UPDATE quotas q
+       SET period = %(period)s
+      FROM prior
+     WHERE q.account_id = prior.account_id AND q.metric = prior.metric AND prior.used = 0
 )
-INSERT INTO ledger (account_id, metric, period, kind, units, used_after, idempotency_key, actor)
-SELECT account_id, metric, %(period)s, 'reset', cleared, 0, 'period-open:' || %(period)s, %(actor)s
+INSERT INTO ledger (id, at, account_id, metric, period, kind, units, used_after, idempotency_key, actor,
+                    prev_hash, hash)
+OVERRIDING SYSTEM VALUE
+SELECT chain_id, chain_at, account_id, metric, %(period)s, 'reset', cleared, 0, 'period-open:' || %(period)s,
+       %(actor)s, chain_prev, chain_hash
   FROM opened
- WHERE cleared > 0
 
 -- name: release
 -- Gives a take's units back, once, in the take's own period only, never below zero. The counter row
@@ -73,15 +95,31 @@ WITH taken AS (
      WHERE q.period = taken.period
        FOR UPDATE OF q
 ), given AS (
+    -- greatest(..., 0) never changes what is written: `held` locked the newest row version, so there
+    -- used >= what is given back. But when the row changed after this statement's snapshot, Postgres
+    -- first evaluates SET on the version the snapshot saw, then finds it updated and evaluates again on
+    -- the locked one; the quota_units domain check (migrations/0005) runs in that first evaluation,
+    -- and a stale `used` below held.used would fail it spuriously (a release racing an admin reset).
     UPDATE quotas q
-       SET used = q.used - least(held.units, held.used)
+       SET used = greatest(q.used - least(held.units, held.used), 0),
+           (chain_prev, chain_id, chain_at, chain_hash) = (
+               SELECT q.chain_hash, e.id, e.at,
+                      ledger_hash(q.chain_hash, e.id, e.at, q.account_id, q.metric, q.period, 'release',
+                                  least(held.units, held.used), q.used - least(held.units, held.used),
+                                  NULL, held.take_id, NULL, %(actor)s)
+                 FROM (SELECT nextval('ledger_id_seq') AS id, clock_timestamp() AS at) AS e)
       FROM held
      WHERE q.account_id = held.account_id AND q.metric = held.metric
  RETURNING q.account_id, q.metric, q.period, q.used, q.lim, q.limit_source,
-           least(held.units, held.used) AS units, held.take_id
+           least(held.units, held.used) AS units, held.take_id,
+           q.chain_id, q.chain_at, q.chain_prev, q.chain_hash
 ), entry AS (
-    INSERT INTO ledger (account_id, metric, period, kind, units, used_after, take_id, actor)
-    SELECT account_id, metric, period, 'release', units, used, take_id, %(actor)s FROM given
+    INSERT INTO ledger (id, at, account_id, metric, period, kind, units, used_after, take_id, actor,
+                        prev_hash, hash)
+    OVERRIDING SYSTEM VALUE
+    SELECT chain_id, chain_at, account_id, metric, period, 'release', units, used, take_id, %(actor)s,
+           chain_prev, chain_hash
+      FROM given
  RETURNING id
 )
 SELECT true AS released, g.take_id, g.account_id, g.metric, g.units, g.used, g.lim AS "limit", g.period, g.limit_source,

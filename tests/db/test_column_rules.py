@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from yoyo import get_backend, read_migrations
 
-from service.migrate import MIGRATIONS_DIR, migrate, yoyo_url
+from service.migrate import MIGRATIONS_DIR, yoyo_url
 
 SEED = """
 INSERT INTO accounts (id, kind, plan) VALUES ('acct-1', 'user', 'pro');
@@ -100,7 +100,14 @@ def test_the_domain_migration_keeps_a_populated_database_in_place(empty_db: str)
         c.execute(SEED)
         state, on_disk = c.execute(STATE).fetchone(), c.execute(files).fetchall()
 
-    assert migrate(empty_db)[0] == "0005.domains"
+    # Only 0005: later migrations may add columns, which would change the rows' text below.
+    backend = get_backend(yoyo_url(empty_db))
+    try:
+        domains = backend.to_apply(every.__class__([m for m in every if m.id < "0006"], every.post_apply))
+        assert [m.id for m in domains] == ["0005.domains"]
+        backend.apply_migrations(domains)
+    finally:
+        backend.connection.close()
 
     with psycopg.connect(empty_db, autocommit=True) as c:
         assert c.execute(STATE).fetchone() == state

@@ -88,8 +88,8 @@ def _naive_take(account_id: str) -> Any:
             (used + 1, account_id, METRIC),
         )
         conn.execute(
-            """INSERT INTO ledger (account_id, metric, period, kind, units, used_after, lim, actor)
-               SELECT account_id, metric, period, 'take', 1, %s, lim, 'naive'
+            """INSERT INTO ledger (account_id, metric, period, kind, units, used_after, lim, actor, hash)
+               SELECT account_id, metric, period, 'take', 1, %s, lim, 'naive', '\\x00'
                  FROM quotas WHERE account_id = %s AND metric = %s""",
             (used + 1, account_id, METRIC),
         )

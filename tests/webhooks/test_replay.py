@@ -51,8 +51,15 @@ def test_unmatched_stripe_event_then_replay(client: Any, keys: Any, conn: Any) -
     )
     assert state(client, keys, "acc_7f3c21") == ("pro", "active", 500, "plan")
     assert events(client, keys, status="unmatched")["items"] == []
-    actors = conn.execute("SELECT DISTINCT actor FROM audit_log WHERE account_id = 'acc_7f3c21'").fetchall()
+    actors = conn.execute(
+        "SELECT DISTINCT actor FROM audit_log"
+        " WHERE account_id = 'acc_7f3c21' AND action = 'plan_limit_changed'"
+    ).fetchall()
     assert actors == [("replay:test-admin:stripe:evt_1RmUpg8Lt4dXK03v5QwErTyU",)]
+    replays = conn.execute(
+        "SELECT actor, new->>'status' FROM audit_log WHERE action = 'event_replayed' ORDER BY id"
+    ).fetchall()
+    assert replays == [("test-admin", "unmatched"), ("test-admin", "applied")]
 
 
 def test_unmatched_revenuecat_events_replayed_in_any_order(client: Any, keys: Any, conn: Any) -> None:
@@ -72,9 +79,11 @@ def test_unmatched_revenuecat_events_replayed_in_any_order(client: Any, keys: An
 def test_replay_of_an_applied_event_changes_nothing(client: Any, keys: Any, conn: Any) -> None:
     create_account(client, keys, "acc_7f3c21")
     r = post_stripe(client, fixture("stripe", "customer.subscription.updated"))
-    audit = conn.execute("SELECT count(*) FROM audit_log").fetchone()
+    changes = "SELECT count(*) FROM audit_log WHERE action <> 'event_replayed'"
+    audit = conn.execute(changes).fetchone()
     assert replay(client, keys, r.json["id"]).json["status"] == "applied"
-    assert conn.execute("SELECT count(*) FROM audit_log").fetchone() == audit
+    assert conn.execute(changes).fetchone() == audit  # the replay itself is audited, nothing else
+    assert conn.execute("SELECT count(*) FROM audit_log WHERE action = 'event_replayed'").fetchone() == (1,)
     assert state(client, keys, "acc_7f3c21") == ("pro", "active", 500, "plan")
 
 
