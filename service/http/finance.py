@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-import io
 from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
@@ -17,20 +15,6 @@ from service.http.validation import query_args
 from service.quota import ledger
 
 bp = Blueprint("finance", __name__, url_prefix="/v1")
-
-CSV_COLUMNS = (
-    "id",
-    "at",
-    "account_id",
-    "metric",
-    "period",
-    "kind",
-    "units",
-    "used_after",
-    "take_id",
-    "idempotency_key",
-    "actor",
-)
 
 
 def _page(items: list[dict[str, Any]], limit: int) -> dict[str, Any]:
@@ -61,17 +45,8 @@ def get_ledger_csv() -> Response:
     rt = runtime()
 
     def rows() -> Iterator[str]:
-        buf = io.StringIO()
-        out = csv.writer(buf)
-        out.writerow(CSV_COLUMNS)
         with rt.connection() as conn:
-            for i, e in enumerate(ledger.period_rows(conn, period=period), 1):
-                out.writerow([_entry_json(e)[c] for c in CSV_COLUMNS])
-                if i % 1000 == 0:
-                    yield buf.getvalue()
-                    buf.seek(0)
-                    buf.truncate()
-        yield buf.getvalue()
+            yield from ledger.csv_chunks(ledger.period_rows(conn, period=period))
 
     return Response(
         rows(),

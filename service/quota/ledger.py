@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import csv
+import io
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -27,6 +29,53 @@ class LedgerEntry:
     take_id: int | None
     idempotency_key: str | None
     actor: str
+
+
+CSV_COLUMNS = (
+    "id",
+    "at",
+    "account_id",
+    "metric",
+    "period",
+    "kind",
+    "units",
+    "used_after",
+    "take_id",
+    "idempotency_key",
+    "actor",
+)
+# OWASP's CSV-injection rule: a spreadsheet runs a cell that starts like a formula. The full-width
+# forms are there because some spreadsheets fold them to ASCII before parsing; the quote itself, so
+# that every cell starting with a quote is one we prefixed and the raw value is that cell less one.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "\uff1d", "\uff0b", "\uff0d", "\uff20", "'")
+
+
+def spreadsheet_safe(value: object) -> object:
+    """A CSV cell that no spreadsheet reads as a formula: a string starting with one of
+    FORMULA_STARTS gets a leading single quote; anything else is kept. Quotes, commas and line
+    breaks inside a cell are the csv module's to escape."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
+def csv_chunks(entries: Iterable[LedgerEntry], *, rows_per_chunk: int = 1000) -> Iterator[str]:
+    """`entries` as CSV text (a header line, then one line per entry, every cell through
+    spreadsheet_safe), in chunks of `rows_per_chunk` rows so that an export streams."""
+    buf = io.StringIO()
+    out = csv.writer(buf)
+    out.writerow(CSV_COLUMNS)
+    for i, e in enumerate(entries, 1):
+        out.writerow(spreadsheet_safe(_csv_value(getattr(e, c))) for c in CSV_COLUMNS)
+        if i % rows_per_chunk == 0:
+            yield buf.getvalue()
+            buf.seek(0)
+            buf.truncate()
+    yield buf.getvalue()
+
+
+def _csv_value(value: object) -> object:
+    return value.isoformat() if isinstance(value, datetime) else value
 
 
 @dataclass(frozen=True, kw_only=True)
