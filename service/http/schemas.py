@@ -91,11 +91,11 @@ class Account(Schema):
     kind = fields.String()
     plan = fields.String()
     subscription_status = fields.String()
+    deleted = fields.Boolean(metadata={"description": "soft-deleted by an admin: takes are refused (410)"})
     limits = fields.Dict(keys=fields.String(), values=fields.Nested(MetricLimit))
 
 
 class AdminAccount(Account):
-    deleted = fields.Boolean()
     stripe_customer_id = fields.String(allow_none=True)
     limits = fields.Dict(keys=fields.String(), values=fields.Nested(AdminMetricLimit))
 
