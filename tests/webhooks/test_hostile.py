@@ -1,4 +1,5 @@
-"""Hostile but correctly signed or authorized webhook bodies: a 4xx with nothing stored, never a 5xx."""
+"""Hostile but correctly signed or authorized webhook bodies: a 4xx with nothing stored, never a 5xx.
+And a Stripe-Signature header is read exactly as stripe-python reads it."""
 
 from __future__ import annotations
 
@@ -6,10 +7,14 @@ import json
 from typing import Any
 
 import pytest
+import stripe
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from service.errors import InvalidSignature
 from service.webhooks import revenuecat
 from service.webhooks import stripe as stripe_adapter
+from tests.conftest import STRIPE_SECRET
 from tests.webhooks.helpers import (
     STRIPE_ACCOUNT,
     inbox,
@@ -17,6 +22,7 @@ from tests.webhooks.helpers import (
     post_revenuecat,
     post_stripe,
     revenuecat_event,
+    sign,
 )
 
 DEEP = "[" * 100_000 + "]" * 100_000
@@ -88,6 +94,64 @@ def test_a_surrogate_pair_is_not_lone(client, conn):
     r = post_revenuecat(client, body)
     assert r.status_code == 200, r.json
     assert inbox(conn)[0]["event_id"] == "e\U0001f600"
+
+
+def test_a_header_with_two_timestamps_is_read_as_stripe_reads_it(client, conn):
+    """stripe-python takes the first item whose key is exactly `t`: a header whose first `t`
+    (with a blank before it) is now, and whose `v1` signs tomorrow, must not pass."""
+    body = json.dumps(_stripe_event()).encode()
+    tomorrow = now() + DAY
+    sig = sign(body, timestamp=tomorrow).split("v1=")[1]
+    for header in (
+        f" t={now()},t={tomorrow},v1={sig}",
+        f"t ={now()},t={tomorrow},v1={sig}",
+        f"t={now()},t={tomorrow},v1={sig}",
+        f"\tt={now()},t={tomorrow},v1={sig}",
+    ):
+        _refused(post_stripe(client, body, header=header), conn)
+
+
+def test_the_first_exact_t_is_the_one_checked_and_signed(client, conn):
+    body = json.dumps(_stripe_event()).encode()
+    t = now()
+    sig = sign(body, timestamp=t).split("v1=")[1]
+    r = post_stripe(client, body, header=f"t={t},t={t + DAY},v1={sig}")
+    assert r.status_code == 200, r.json
+
+
+header_items = st.one_of(
+    st.sampled_from(["t", " t", "t ", "v1", " v1", "v0", "x", "T"]).flatmap(
+        lambda key: st.sampled_from(["1700000000", " 1700000000", "+17", "1_0", "١٢", "", "abc", "a=b"]).map(
+            lambda value: f"{key}={value}"
+        )
+    ),
+    st.text(max_size=8),
+)
+
+
+@given(st.lists(header_items, max_size=5).map(",".join))
+def test_the_header_parse_agrees_with_stripe_python(header):
+    try:
+        theirs: tuple[int, list[str]] | None = stripe.WebhookSignature._get_timestamp_and_signatures(
+            header, "v1"
+        )
+    except Exception:
+        theirs = None
+    try:
+        ours: tuple[int, list[str]] | None = stripe_adapter.parse_header(header)
+    except InvalidSignature:
+        ours = None
+    assert ours == theirs
+
+
+def test_the_adapter_checks_the_hmac_over_the_timestamp_it_checked():
+    body = json.dumps(_stripe_event()).encode()
+    t = now()
+    good = sign(body, timestamp=t)
+    assert stripe_adapter.verify(body, good, [STRIPE_SECRET]).event_id == "evt_hostile"
+    late = sign(body, timestamp=t + DAY).split("v1=")[1]
+    with pytest.raises(InvalidSignature):
+        stripe_adapter.verify(body, f" t={t},t={t + DAY},v1={late}", [STRIPE_SECRET])
 
 
 odd_text = st.text(max_size=12) | st.text(st.characters(categories=("Cs", "Cc")), min_size=1, max_size=3)
