@@ -26,8 +26,8 @@ def build_app(settings: Settings | None = None) -> Flask:
         plans=load_plans(settings.plans_file),
     )
     errors.init_app(app)
+    metrics.init_app(app)  # first of the before_request hooks, so that every answer is timed
     inbound.init_app(app)
-    metrics.init_app(app)
     for bp in (accounts.bp, admin.bp, finance.bp, health.bp, events.bp, webhooks.bp):
         app.register_blueprint(bp)
     return app

@@ -99,11 +99,19 @@ def _chunked(server: tuple[str, int], path: str, body: bytes, headers: dict[str,
         c.close()
 
 
-def test_a_chunked_body_over_the_limit_over_http_is_413(server, keys, account, conn):
+def _refused_takes(client: Any) -> float:
+    text = client.get("/metrics").get_data(as_text=True)
+    series = 'http_request_duration_seconds_count{method="POST",route="/v1/accounts/<id>/takes",status="413"}'
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(series))
+
+
+def test_a_chunked_body_over_the_limit_over_http_is_413(server, client, keys, account, conn):
+    before = _refused_takes(client)
     body = json.dumps({"metric": "urls"}).encode() + b" " * LIMIT
     status, answer = _chunked(server, f"/v1/accounts/{account}/takes", body, keys["product"])
     assert (status, answer["error"]) == (413, "request_entity_too_large")
     assert ledger_rows(conn, account) == []
+    assert _refused_takes(client) == before + 1  # timed and counted like any answer
     status, answer = _chunked(server, f"/v1/accounts/{account}/takes", b'{"metric": "urls"}', keys["product"])
     assert status == 201, answer
 
