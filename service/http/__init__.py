@@ -13,7 +13,7 @@ from service.http.runtime import Runtime
 
 
 def build_app(settings: Settings | None = None) -> Flask:
-    from service.http import accounts, admin, errors, events, finance, health, metrics, webhooks
+    from service.http import accounts, admin, errors, events, finance, health, inbound, metrics, webhooks
 
     settings = settings or Settings.from_env(serving=True)
     app = Flask("service")
@@ -26,7 +26,8 @@ def build_app(settings: Settings | None = None) -> Flask:
         plans=load_plans(settings.plans_file),
     )
     errors.init_app(app)
-    metrics.init_app(app)
+    metrics.init_app(app)  # first of the before_request hooks, so that every answer is timed
+    inbound.init_app(app)
     for bp in (accounts.bp, admin.bp, finance.bp, health.bp, events.bp, webhooks.bp):
         app.register_blueprint(bp)
     return app

@@ -17,6 +17,7 @@ log = logging.getLogger(__name__)
 STATUS: dict[type[errors.QuotaError], int] = {
     errors.UnknownAccount: 404,
     errors.UnknownTake: 404,
+    errors.UnknownEvent: 404,
     errors.AccountDeleted: 410,
     errors.UnknownMetric: 422,
     errors.QuotaExhausted: 409,

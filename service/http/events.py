@@ -11,7 +11,7 @@ from service.billing import inbox
 from service.errors import UnknownEvent
 from service.http import openapi, schemas
 from service.http.auth import actor, require
-from service.http.errors import ApiError
+from service.http.inbound import ascii_id
 from service.http.runtime import runtime
 from service.http.validation import query_args
 from service.http.webhooks import translator
@@ -84,14 +84,13 @@ def list_events() -> Response:
 @bp.post("/<inbox_id>/replay")
 @require("admin")
 def replay_event(inbox_id: str) -> Response:
-    if not inbox_id.isdigit() or len(inbox_id) > 18:
-        raise ApiError(404, "unknown_event", f"no stored webhook event has id {inbox_id!r}")
+    # Not <int:...>: an id that names no event is unknown_event, whatever its shape.
+    number = ascii_id(inbox_id)
+    if number is None:
+        raise UnknownEvent(f"no stored webhook event has id {inbox_id!r}")
     rt = runtime()
     with rt.connection() as conn:
-        try:
-            event = inbox.replay(conn, rt.plans, int(inbox_id), translate_for=translator, actor=actor())
-        except UnknownEvent as e:
-            raise ApiError(404, e.code, e.message) from None
+        event = inbox.replay(conn, rt.plans, number, translate_for=translator, actor=actor())
     return jsonify(event_json(event))
 
 

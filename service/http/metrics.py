@@ -32,6 +32,11 @@ REQUEST_SECONDS = Histogram(
     ["method", "route", "status"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
 )
+# Label values come from fixed sets: a client picks the method and path, and every new value would
+# be a new series kept for the life of the process (and of its multiprocess files).
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+OTHER_METHOD = "other"
+UNMATCHED_ROUTE = "unmatched"
 
 
 def render() -> Response:
@@ -52,8 +57,7 @@ def init_app(app: Flask) -> None:
     def _observe(resp: Response) -> Response:
         t0 = g.get("t0")
         if t0 is not None:
-            route = request.url_rule.rule if request.url_rule else "unmatched"
-            REQUEST_SECONDS.labels(request.method, route, str(resp.status_code)).observe(
-                time.perf_counter() - t0
-            )
+            method = request.method if request.method in METHODS else OTHER_METHOD
+            route = request.url_rule.rule if request.url_rule else UNMATCHED_ROUTE
+            REQUEST_SECONDS.labels(method, route, str(resp.status_code)).observe(time.perf_counter() - t0)
         return resp

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from marshmallow import Schema, ValidationError, fields, validate
 
+from service.quota import periods
+
 # \Z, not $: in Python `$` also matches before a trailing newline, which the database then refuses.
-ACCOUNT_ID = validate.Regexp(r"^[A-Za-z0-9._:@-]{1,128}\Z", error="1-128 characters of [A-Za-z0-9._:@-]")
-PERIOD = validate.Regexp(r"^[0-9]{4}-(0[1-9]|1[0-2])\Z", error="a calendar month, YYYY-MM")
+ACCOUNT_ID_RE = re.compile(r"[A-Za-z0-9._:@-]{1,128}\Z")
+ACCOUNT_ID_RULE = "1-128 characters of [A-Za-z0-9._:@-]"
+ACCOUNT_ID = validate.Regexp(ACCOUNT_ID_RE, error=ACCOUNT_ID_RULE)
+PERIOD = validate.Regexp(periods.PERIOD_RE, error="a calendar month, YYYY-MM")
 MAX_UNITS = 2**31 - 1
 
 
@@ -91,11 +96,11 @@ class Account(Schema):
     kind = fields.String()
     plan = fields.String()
     subscription_status = fields.String()
+    deleted = fields.Boolean(metadata={"description": "soft-deleted by an admin: takes are refused (410)"})
     limits = fields.Dict(keys=fields.String(), values=fields.Nested(MetricLimit))
 
 
 class AdminAccount(Account):
-    deleted = fields.Boolean()
     stripe_customer_id = fields.String(allow_none=True)
     limits = fields.Dict(keys=fields.String(), values=fields.Nested(AdminMetricLimit))
 
@@ -131,7 +136,7 @@ class UsageResponse(Schema):
 
 
 class PageQuery(Schema):
-    cursor = fields.String(validate=validate.Regexp(r"^[0-9]{1,18}$", error="a cursor from next_cursor"))
+    cursor = fields.String(validate=validate.Regexp(r"[0-9]{1,18}\Z", error="a cursor from next_cursor"))
     limit = fields.Integer(load_default=100, validate=validate.Range(min=1, max=1000))
 
 

@@ -29,10 +29,10 @@ def account_json(a: AccountView, *, admin: bool = False) -> dict[str, Any]:
         "kind": a.kind,
         "plan": a.plan,
         "subscription_status": a.subscription_status,
+        "deleted": a.deleted,
         "limits": {m.metric: metric_json(m, admin=admin) for m in a.limits},
     }
     if admin:
-        out["deleted"] = a.deleted
         out["stripe_customer_id"] = a.stripe_customer_id
     return out
 

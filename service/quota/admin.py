@@ -53,12 +53,16 @@ def reset_counter(
     return previous
 
 
-def soft_delete(conn: Connection, *, account_id: str, actor: str) -> None:
-    """Mark the account deleted: takes are refused (410) and resets skip it. Its ledger stays."""
+def soft_delete(conn: Connection, *, account_id: str, actor: str) -> bool:
+    """Mark the account deleted: takes are refused (410) and resets skip it. Its ledger stays.
+    True if this call deleted it; False if it was deleted already, and then nothing is written (the
+    audit log records only what happened). UnknownAccount if there is no such account."""
     params = {"account_id": account_id}
     with transaction(conn):
         if conn.execute(Q.soft_delete_account, params).fetchone() is None:
-            raise UnknownAccount(f"unknown account {account_id!r}")
+            if conn.execute(Q.account_get, params).fetchone() is None:
+                raise UnknownAccount(f"unknown account {account_id!r}")
+            return False
         conn.execute(Q.soft_delete_quotas, params)
         conn.execute(
             Q.audit,
@@ -71,6 +75,7 @@ def soft_delete(conn: Connection, *, account_id: str, actor: str) -> None:
                 "new": Jsonb({"deleted": True}),
             },
         )
+    return True
 
 
 def restore(conn: Connection, *, account_id: str, actor: str) -> bool:

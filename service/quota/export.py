@@ -29,6 +29,20 @@ COLUMNS = (
     "hash",
 )
 ROWS_PER_CHUNK = 1000
+# OWASP's CSV-injection rule: a spreadsheet runs a cell that starts like a formula. The full-width
+# forms are there because some spreadsheets fold them to ASCII before parsing; the quote itself, so
+# that every cell starting with a quote is one we prefixed and the raw value is that cell less one
+# (which is what finance strips before re-computing a row's hash from the CSV).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "\uff1d", "\uff0b", "\uff0d", "\uff20", "'")
+
+
+def spreadsheet_safe(value: object) -> object:
+    """A CSV cell that no spreadsheet reads as a formula: a string starting with one of
+    FORMULA_STARTS gets a leading single quote; anything else is kept. Quotes, commas and line
+    breaks inside a cell are the csv module's to escape."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
 
 
 def record(e: LedgerEntry) -> dict[str, Any]:
@@ -52,19 +66,20 @@ def record(e: LedgerEntry) -> dict[str, Any]:
 
 
 def csv_cells(e: LedgerEntry) -> list[Any]:
-    """One CSV row's cells, in COLUMNS order (None is written as an empty cell)."""
+    """One CSV row's cells, in COLUMNS order, each spreadsheet_safe (None is written as an empty
+    cell). JSONL needs no such rule: no spreadsheet opens it."""
     rec = record(e)
-    return [rec[c] for c in COLUMNS]
+    return [spreadsheet_safe(rec[c]) for c in COLUMNS]
 
 
-def csv_chunks(entries: Iterable[LedgerEntry]) -> Iterator[str]:
-    """The CSV document (header first), in chunks of ROWS_PER_CHUNK rows: constant memory."""
+def csv_chunks(entries: Iterable[LedgerEntry], *, rows_per_chunk: int = ROWS_PER_CHUNK) -> Iterator[str]:
+    """The CSV document (header first), in chunks of `rows_per_chunk` rows: constant memory."""
     buf = io.StringIO()
     out = csv.writer(buf)
     out.writerow(COLUMNS)
     for i, e in enumerate(entries, 1):
         out.writerow(csv_cells(e))
-        if i % ROWS_PER_CHUNK == 0:
+        if i % rows_per_chunk == 0:
             yield buf.getvalue()
             buf.seek(0)
             buf.truncate()

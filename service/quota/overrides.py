@@ -1,4 +1,5 @@
-"""Sticky admin overrides: the only writer of the override columns. Each change is audited."""
+"""Sticky admin overrides: the only writer of the override columns. Each change is audited; a call
+that changes nothing (clearing an override that is not set, setting the value it has) writes nothing."""
 
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ def _change(
                 raise UnknownAccount(f"unknown account {account_id!r}")
         previous = _override(row)
         new = {"limit": override_limit} if override_set else None
+        if new == previous:
+            return previous  # nothing changes, so there is nothing to audit
         cur.execute(
             Q.set_override, {**params, "override_set": override_set, "override_limit": override_limit}
         )

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 
-PERIOD_RE = re.compile(r"^[0-9]{4}-(0[1-9]|1[0-2])$")
+# \Z, not $: in Python `$` also matches before a trailing newline.
+PERIOD_RE = re.compile(r"[0-9]{4}-(0[1-9]|1[0-2])\Z")
 
 
 def now() -> datetime:
@@ -37,4 +38,4 @@ def resets_at(period: str) -> str:
 
 
 def is_period(s: str) -> bool:
-    return bool(PERIOD_RE.fullmatch(s))  # `$` alone would accept a trailing newline
+    return bool(PERIOD_RE.match(s))

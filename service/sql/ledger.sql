@@ -79,8 +79,9 @@ SELECT chain_id, chain_at, account_id, metric, %(period)s, 'reset', previous, 0,
 RETURNING id, units AS previous
 
 -- name: soft_delete_account
+-- No row back: unknown, or deleted already (then nothing happened, and nothing is to be audited).
 UPDATE accounts SET deleted = true, updated_at = now()
- WHERE id = %(account_id)s
+ WHERE id = %(account_id)s AND NOT deleted
 RETURNING id
 
 -- name: soft_delete_quotas

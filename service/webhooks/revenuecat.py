@@ -10,13 +10,11 @@ resubscriptions in the store), so every event about one purchase chain orders ag
 from __future__ import annotations
 
 import hmac
-import json
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from service.billing.events import Change, Envelope, NoChange, PlanKeys, SubscriptionChange, Transfer
 from service.errors import MalformedWebhook, UntranslatableEvent, WebhooksNotConfigured, WebhookUnauthorized
-from service.webhooks._json import integer, obj, text, texts
+from service.webhooks._json import integer, loads, obj, since_epoch, text, texts
 
 PROVIDER = "revenuecat"
 
@@ -46,8 +44,6 @@ NO_CHANGE = {
 # The allowlist: any other type is stored as ignored without being translated.
 ALLOWED_TYPES = frozenset({*STATUS_BY_TYPE, *NO_CHANGE, "PRODUCT_CHANGE", "TRANSFER"})
 
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
 
 def authenticate(header: str | None, expected: str) -> None:
     """Raise WebhookUnauthorized unless `header` is exactly the configured value."""
@@ -61,22 +57,23 @@ def parse(body: bytes) -> Envelope:
     """The delivery's envelope, or MalformedWebhook (nothing may be stored then)."""
     try:
         payload = body.decode("utf-8")
-        data = json.loads(payload)
-    except ValueError:  # UnicodeDecodeError is one
-        raise MalformedWebhook("the body is not UTF-8 JSON") from None
+        data = loads(payload)
+    except ValueError as e:  # UnicodeDecodeError is one
+        raise MalformedWebhook(f"the body is not UTF-8 JSON this service can store ({e})") from None
     event = obj(data, "event")
     if event is None:
         raise MalformedWebhook('the body is not a RevenueCat event (an object with an "event" object)')
-    event_id, type_, at_ms = text(event, "id"), text(event, "type"), integer(event, "event_timestamp_ms")
+    event_id, type_ = text(event, "id"), text(event, "type")
     if not event_id or len(event_id) > 255 or not type_ or len(type_) > 255:
         raise MalformedWebhook("the event has no valid id or type")
-    if at_ms is None or not 0 <= at_ms < 2**50:
+    occurred_at = since_epoch(integer(event, "event_timestamp_ms"), per_second=1000)
+    if occurred_at is None:
         raise MalformedWebhook("the event has no valid event_timestamp_ms")
     return Envelope(
         provider=PROVIDER,
         event_id=event_id,
         type=type_,
-        occurred_at=EPOCH + timedelta(milliseconds=at_ms),
+        occurred_at=occurred_at,
         body=payload,
         data=data,
     )

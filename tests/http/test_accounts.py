@@ -47,7 +47,7 @@ def test_get_shows_effective_limits_and_usage_without_override_values(client, ke
     assert limits["seats"]["limit"] == 9 and limits["seats"]["limit_source"] == "override"
     for m in limits.values():
         assert "override" not in m and "plan_limit" not in m
-    assert "deleted" not in r.json
+    assert r.json["deleted"] is False
 
 
 def test_resets_at_is_the_first_of_next_month_utc(client, keys, account):
@@ -59,6 +59,20 @@ def test_resets_at_is_the_first_of_next_month_utc(client, keys, account):
 
 def test_unknown_account_is_404(client, keys):
     assert_error(client.get("/v1/accounts/nobody", headers=keys["product"]), 404, "unknown_account")
+
+
+def test_a_deleted_account_says_so_and_refuses_takes(client, keys, account, conn):
+    soft_delete(conn, account)
+    r = client.get(f"/v1/accounts/{account}", headers=keys["product"])
+    assert r.status_code == 200 and r.json["deleted"] is True
+    assert "stripe_customer_id" not in r.json
+    r = client.post(f"/v1/accounts/{account}/takes", json={"metric": "urls"}, headers=keys["product"])
+    assert_error(r, 410, "account_deleted")
+
+
+def test_the_account_schema_documents_deleted(client):
+    schemas = client.get("/openapi.json").json["components"]["schemas"]
+    assert schemas["Account"]["properties"]["deleted"]["type"] == "boolean"
 
 
 def test_put_on_a_deleted_account_is_410(client, keys, account, conn):

