@@ -66,7 +66,7 @@ def ensure_quotas(conn: Connection, plans: PlanConfig, *, account_id: str, perio
         {
             "account_id": account_id,
             "period": period or periods.current_period(),
-            "lapsed": plans.is_lapsed(acct["plan"], acct["subscription_status"]),
+            "free_plan": plans.free_plan,
             **_limit_params(plans, acct["plan"]),
         },
     )
@@ -129,7 +129,6 @@ def apply_plan(
             "account_id": account_id,
             "plan": plan,
             "status": status,
-            "lapsed": plans.is_lapsed(plan, status),
             "actor": actor,
             **plans.limit_table,
         },
