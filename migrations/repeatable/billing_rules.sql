@@ -49,6 +49,30 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
                        WHEN 'canceled' THEN 6 WHEN 'expired' THEN 7 ELSE -1 END
 $$;
 
+-- The best-subscription choice: the subscription that decides an account's tier and status, the
+-- best subscription_access_rank, then the newest event, then the id. `p_*` stands in for one
+-- subscription as a statement is about to store it (its own write is not visible to the statement
+-- that makes it), in place of the stored row of that id; p_subscription_id NULL: the stored rows
+-- alone. p_without_temporary leaves out the account's temporary grants of p_provider (a real
+-- purchase's event supersedes them). A set-returning SQL function of one SELECT: inlined.
+CREATE OR REPLACE FUNCTION billing_deciding_subscription(
+    p_account_id text, p_provider text, p_subscription_id text, p_plan text, p_status text,
+    p_event_at timestamptz, p_without_temporary boolean
+) RETURNS TABLE (plan text, status text) LANGUAGE sql STABLE AS $$
+    SELECT c.plan, c.status
+      FROM (SELECT s.subscription_id, s.plan, s.status::text AS status, s.event_at
+              FROM subscriptions s
+             WHERE s.account_id = p_account_id
+               AND NOT coalesce(s.provider = p_provider AND s.subscription_id = p_subscription_id, false)
+               AND NOT coalesce(p_without_temporary AND s.provider = p_provider
+                                AND s.subscription_id LIKE 'temporary:%', false)
+            UNION ALL
+            SELECT p_subscription_id, p_plan, p_status, p_event_at
+             WHERE p_subscription_id IS NOT NULL) c
+     ORDER BY subscription_access_rank(c.status), c.event_at DESC, c.subscription_id
+     LIMIT 1
+$$;
+
 -- The ordering rule: does an event (new_*) replace a subscription's stored state (stored_*)?
 -- A final subscription (Stripe canceled) is never reopened. A newer provider time wins. At equal
 -- time: an event that opens the subscription (Stripe `customer.subscription.created`) never

@@ -113,9 +113,9 @@ RETURNING id, plan, subscription_status
 --   takes the replaced row's owner; `opened`: the subscription is new.
 -- `temporary_end`: a RevenueCat event about a real purchase (%(supersedes_temporary)s) ends the
 --   account's temporary entitlement grants, which stood in for it; `best` leaves them out.
--- `best`: the account's deciding subscription after this change (the CTE's own write is not
---   visible to the other parts of the statement, so `up` stands in for its stored row): the best
---   subscription_access_rank, then the newest event.
+-- `best`: the account's deciding subscription after this change (billing_deciding_subscription;
+--   the CTE's own write is not visible to the other parts of the statement, so `up` stands in for
+--   its stored row).
 -- `acct_set`: tier and status from `best`, and the version bump, always (the subscription changed).
 -- `limits_set`: when tier or status changed, the account's plan limits follow (quotas_follow_plan,
 --   as accounts.apply_plan does), from the plan table passed in (PlanConfig.limit_table). A function
@@ -175,16 +175,9 @@ WITH stored AS (
      WHERE %(link_customer_id)s::text IS NOT NULL AND NOT EXISTS (SELECT FROM linked)
     ON CONFLICT (provider, customer_id) DO NOTHING
 ), best AS (
-    SELECT c.plan, c.status
-      FROM (SELECT subscription_id, plan, status, event_at FROM subscriptions
-             WHERE account_id = (SELECT id FROM gate)
-               AND NOT (provider = %(provider)s AND subscription_id = %(subscription_id)s)
-               AND NOT (%(supersedes_temporary)s AND provider = %(provider)s
-                        AND subscription_id LIKE 'temporary:%%')
-            UNION ALL
-            SELECT subscription_id, plan, status, event_at FROM up) c
-     ORDER BY subscription_access_rank(c.status), c.event_at DESC, c.subscription_id
-     LIMIT 1
+    SELECT b.plan, b.status
+      FROM up, billing_deciding_subscription(up.account_id, %(provider)s, up.subscription_id, up.plan,
+                                             up.status, up.event_at, %(supersedes_temporary)s) b
 ), decided AS (
     SELECT acct.id, coalesce(best.plan, acct.plan) AS plan, best.status,
            (coalesce(best.plan, acct.plan), best.status)
@@ -284,12 +277,11 @@ UPDATE accounts a
 RETURNING a.id, a.plan, a.subscription_status
 
 -- name: accounts_best_subscription
--- Each account's deciding subscription, ranked as in subscription_delivery's `best`: the best
--- subscription_access_rank, then the newest event, then the id.
-SELECT DISTINCT ON (account_id) account_id, plan, status
-  FROM subscriptions
- WHERE account_id = ANY(%(account_ids)s::text[])
- ORDER BY account_id, subscription_access_rank(status), event_at DESC, subscription_id
+-- Each account's deciding subscription (billing_deciding_subscription); none for an account that has
+-- no subscription.
+SELECT a.id AS account_id, b.plan, b.status
+  FROM unnest(%(account_ids)s::text[]) AS a (id)
+ CROSS JOIN LATERAL billing_deciding_subscription(a.id, NULL, NULL, NULL, NULL, NULL, false) b
 
 -- name: customer_link
 -- A customer keeps the first account it was linked to; returns the account it is linked to, and
