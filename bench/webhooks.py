@@ -81,10 +81,11 @@ def account_name(i: int) -> str:
     return f"acct-{i}"
 
 
-def setup(pg: str, accounts: int) -> tuple[str, str]:
-    """Scratch databases: ours (migrated; `accounts` accounts on Basic, each with an active Stripe
-    subscription stored, as after its first event) and the baseline's (baseline/schema.sql)."""
-    ours = recreate_database(pg, "bench_wh")
+def setup(pg: str, accounts: int, db: str = "bench_wh") -> tuple[str, str]:
+    """Scratch databases: ours, `db` (migrated; `accounts` accounts on Basic, each with an active
+    Stripe subscription stored, as after its first event) and the baseline's, `db`_bl
+    (baseline/schema.sql)."""
+    ours = recreate_database(pg, db)
     migrate(ours)
     plans = load_plans(PLANS_FILE)
     metrics = list(plans.metrics)
@@ -132,7 +133,7 @@ def setup(pg: str, accounts: int) -> tuple[str, str]:
             (accounts,),
         )
         conn.execute("VACUUM ANALYZE")
-    base = recreate_database(pg, "bench_wh_bl")
+    base = recreate_database(pg, f"{db}_bl")
     subprocess.run(
         ["psql", "-q", "-v", "ON_ERROR_STOP=1", "-f", str(BASELINE / "schema.sql"), base],
         check=True,
@@ -251,6 +252,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-rate", type=int, default=4000, help="deliveries signed per second of a run")
     ap.add_argument("--port", type=int, default=8111, help="ours on PORT, the baseline on PORT+1")
     ap.add_argument(
+        "--db",
+        default="bench_wh",
+        help="scratch database names (DB and DB_bl), so runs on a shared server do not collide",
+    )
+    ap.add_argument(
         "--log",
         default=str(Path(tempfile.gettempdir()) / "webhooks_bench.log"),
         help="server output goes here",
@@ -258,8 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not args.pg:
         ap.error("give --pg URL or set DATABASE_URL")
-    print("setting up bench_wh and bench_wh_bl ...", flush=True)
-    ours_db, base_db = setup(args.pg, args.accounts)
+    print(f"setting up {args.db} and {args.db}_bl ...", flush=True)
+    ours_db, base_db = setup(args.pg, args.accounts, args.db)
     wrk_args = shlex.split(args.wrk)
     threads, seconds = wrk_threads(wrk_args), wrk_seconds(wrk_args)
     log = Path(args.log)
