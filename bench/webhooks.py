@@ -111,9 +111,9 @@ def setup(pg: str, accounts: int, db: str = "bench_wh") -> tuple[str, str]:
         conn.execute(
             "INSERT INTO subscriptions"
             " (provider, subscription_id, account_id, plan, status, event_at, event_id)"
-            " SELECT 'stripe', 'sub_bench_' || g, 'acct-' || g, 'basic', 'active', now() - interval '1 day',"
-            "        'evt_seed_' || g FROM generate_series(1, %s) g",
-            (accounts,),
+            " SELECT 'stripe', 'sub_bench_' || g, 'acct-' || g, 'basic', 'active',"
+            "        now() - make_interval(secs => %s), 'evt_seed_' || g FROM generate_series(1, %s) g",
+            (SEED_AGE, accounts),
         )
         # ... and what that first event left besides: its inbox row and the customer link. A
         # service in use has both tables populated; left empty here, ANALYZE would record them as
@@ -121,10 +121,11 @@ def setup(pg: str, accounts: int, db: str = "bench_wh") -> tuple[str, str]:
         conn.execute(
             "INSERT INTO webhook_events (provider, event_id, type, occurred_at, status, account_id,"
             "                            subscription_id, customer_id, payload, processed_at)"
-            " SELECT 'stripe', 'evt_seed_' || g, 'customer.subscription.created', now() - interval '1 day',"
-            "        'applied', 'acct-' || g, 'sub_bench_' || g, 'cus_bench_' || g, %s::json, now()"
+            " SELECT 'stripe', 'evt_seed_' || g, 'customer.subscription.created',"
+            "        now() - make_interval(secs => %s), 'applied', 'acct-' || g, 'sub_bench_' || g,"
+            "        'cus_bench_' || g, %s::json, now()"
             "   FROM generate_series(1, %s) g",
-            (FIXTURE.read_text(), accounts),
+            (SEED_AGE, FIXTURE.read_text(), accounts),
         )
         conn.execute(
             "INSERT INTO customer_links (provider, customer_id, account_id, event_id)"
@@ -145,6 +146,12 @@ def setup(pg: str, accounts: int, db: str = "bench_wh") -> tuple[str, str]:
 STATES = [(price, status) for price in PRICES for status in STATUSES]
 
 
+# The deliveries' `created` starts this long ago (seconds; 60 days hold 5 million events), and the
+# seeded first events are older still.
+HISTORY = 60 * 86_400
+SEED_AGE = HISTORY + 86_400
+
+
 class Deliveries:
     """Signed `customer.subscription.updated` deliveries, each with a new event id and a `created`
     newer than every earlier one, so each applies. With probability `change_rate` an event moves
@@ -156,7 +163,9 @@ class Deliveries:
         self.event = json.loads(FIXTURE.read_text())
         self.event["data"].pop("previous_attributes", None)
         self.seq = 0
-        self.created = int(time.time())
+        # In the past, advancing a second per event: an event time more than an hour after its
+        # receipt is not applied (issue 11), and a run signs far more than 3,600 events.
+        self.created = int(time.time()) - HISTORY
         self.state = dict.fromkeys(range(1, accounts + 1), ("basic_monthly", "active"))
 
     def write(self, path: Path, n: int) -> None:
