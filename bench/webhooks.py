@@ -5,7 +5,7 @@ same worker count, in the same run, on the same Postgres, with the same wrk sett
     python bench/webhooks.py [--reps 7] [--wrk "-t2 -c32 -d10s"] [--accounts 10000] [--change-rate 1.0]
 
 Needs DATABASE_URL (any database on the server; this creates the scratch databases bench_wh and
-bench_wh_bl), wrk and psql on PATH. Run by hand; it is not a test.
+bench_wh_bl, or DB and DB_bl with --db DB), wrk and psql on PATH. Run by hand; it is not a test.
 
 Every delivery is distinct (its own event id), signed with the configured secret just before its
 repetition, and newer than anything stored for its subscription, so every request takes the full

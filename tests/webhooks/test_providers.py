@@ -401,6 +401,16 @@ def test_invoice_for_a_linked_customer_says_so(client: Any, keys: Any, conn: Any
     assert notes == [f"customer {CUSTOMER!r} was linked to account {acc!r} already"] * 2
 
 
+def test_invoice_of_an_unknown_customer_naming_nothing_is_ignored_with_a_note(client: Any, conn: Any) -> None:
+    event = invoice_2023(event_id="evt_inv_unknown")
+    event["data"]["object"].update(subscription=None, customer="cus_unknown")  # a one-off invoice
+    assert post_stripe(client, event).json["status"] == "ignored"
+    [row] = inbox_rows(conn)
+    assert row["note"] == (
+        "names no account or subscription, and customer 'cus_unknown' is not linked to an account"
+    )
+
+
 # The fast path does not swallow unexpected errors -----------------------------------------------
 
 
