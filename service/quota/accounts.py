@@ -121,8 +121,9 @@ def apply_plan(
     conn: Connection, plans: PlanConfig, *, account_id: str, plan: str, status: str, actor: str
 ) -> int:
     """Set the account's plan tier and subscription status and bring its stored plan limits in line,
-    in one statement (an audit row per changed limit); returns the number of limit changes. Never
-    touches usage, the ledger or overrides. Inside the caller's transaction if there is one."""
+    in one statement (an audit row per changed counter, a lapse-only change included); returns the
+    number of counters changed. Never touches usage, the ledger or overrides. Inside the caller's
+    transaction if there is one."""
     row = conn.execute(
         Q.apply_plan,
         {
