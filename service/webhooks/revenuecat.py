@@ -129,7 +129,10 @@ def _subscription(type_: str, event: dict[str, Any]) -> SubscriptionChange:
     entitlements = texts(event.get("entitlement_ids")) or texts([event.get("entitlement_id")])
     temporary = type_ == TEMPORARY_GRANT
     expires_at = _time(event, "expiration_at_ms")
-    if type_ == "BILLING_ISSUE":
+    if status == "past_due":
+        # A failed charge (BILLING_ISSUE, or the CANCELLATION sent with it): the period it paid for
+        # has ended, and access continues through the grace period, until its end if RevenueCat
+        # gives one, else until the EXPIRATION or RENEWAL that settles it.
         expires_at = _time(event, "grace_period_expiration_at_ms")
     if temporary:
         at = _time(event, "event_timestamp_ms") or EPOCH

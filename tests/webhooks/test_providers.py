@@ -308,6 +308,25 @@ def test_refund_with_past_expiration_ends_access_at_once(client: Any, keys: Any)
     assert state(client, keys, "user_1234") == ("pro", "expired", 50, "free_fallback")
 
 
+def test_billing_error_keeps_the_grace_period_although_the_period_ended(client: Any, keys: Any) -> None:
+    """A failed renewal's BILLING_ISSUE and CANCELLATION (BILLING_ERROR) carry the ended period's
+    expiration; access continues through the grace period (to its end, if given)."""
+    create_account(client, keys, "acc_91d0be")
+    ended = ms(now() - timedelta(hours=1))
+    issue = revenuecat_event(
+        "billing_issue", expiration_at_ms=ended, grace_period_expiration_at_ms=ms(now() + timedelta(days=6))
+    )
+    assert post_revenuecat(client, issue).json["status"] == "applied"
+    assert state(client, keys, "acc_91d0be") == ("basic", "past_due", 100, "plan")
+    at = issue["event"]["event_timestamp_ms"] + 1000
+    cancel = revenuecat_event(
+        "billing_issue", event_id="rc-cancel", at_ms=at, type="CANCELLATION", cancel_reason="BILLING_ERROR"
+    )
+    cancel["event"].update(expiration_at_ms=ended, grace_period_expiration_at_ms=None)
+    assert post_revenuecat(client, cancel).json["status"] == "applied"
+    assert state(client, keys, "acc_91d0be") == ("basic", "past_due", 100, "plan")
+
+
 def test_temporary_entitlement_grant_lasts_at_most_a_day(
     client: Any, keys: Any, conn: Any, plans: Any
 ) -> None:
