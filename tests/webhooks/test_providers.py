@@ -373,6 +373,9 @@ def test_revenuecat_transfer_sample_dated_4466_does_not_freeze_the_subscription(
     assert r.json["status"] == "ignored"
     row = next(r for r in inbox_rows(conn) if r["type"] == "TRANSFER")
     assert "4466" in row["note"] and "not applied" in row["note"]
+    # an admin replay checks it against its stored receipt time: still not applied
+    again = client.post(f"/v1/admin/events/{r.json['id']}/replay", headers=keys["admin"])
+    assert again.json["status"] == "ignored"
     assert state(client, keys, "acc_7f3c21") == PRO and state(client, keys, "acc_c0ffee")[:2] == (
         "free",
         "none",
