@@ -28,7 +28,9 @@ def _settings() -> Settings:
 
 
 def _connect(settings: Settings) -> psycopg.Connection[Any]:
-    return psycopg.connect(settings.database_url, autocommit=True)
+    from service.db import connect
+
+    return connect(settings, application_name="quota-ledger-cli")
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:

@@ -5,17 +5,15 @@ from __future__ import annotations
 
 from datetime import datetime
 
-import psycopg
-
 from service.billing.plans import load_plans
 from service.config import Settings
-from service.db import Connection
+from service.db import Connection, connect
 from service.quota import plan_sync, reset
 from workers.app import app
 
 
 def _connect(settings: Settings) -> Connection:
-    return psycopg.connect(settings.database_url, autocommit=True, application_name="quota-ledger-worker")
+    return connect(settings, application_name="quota-ledger-worker")
 
 
 @app.task(name="quota.monthly_reset")
