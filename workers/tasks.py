@@ -22,24 +22,35 @@ def monthly_reset(
     at: str | None = None,
     batch_size: int = reset.DEFAULT_BATCH_SIZE,
     pause: float = 0.0,
+    duty: float = reset.DEFAULT_DUTY,
+    min_rate: float = reset.DEFAULT_MIN_RATE,
 ) -> dict[str, object]:
     """Reset every counter into `period` (default: the UTC month of `at`, an ISO 8601 time,
-    default now), once."""
+    default now), once, paced (service.quota.reset)."""
     when = datetime.fromisoformat(at) if at else None
     with _connect(Settings.from_env()) as conn:
-        outcome = reset.reset_month(conn, period=period, at=when, batch_size=batch_size, pause=pause)
+        outcome = reset.reset_month(
+            conn, period=period, at=when, batch_size=batch_size, pause=pause, duty=duty, min_rate=min_rate
+        )
     return outcome.as_dict()
 
 
 @app.task(name="quota.reset_catch_up")
 def reset_catch_up(
-    at: str | None = None, batch_size: int = reset.DEFAULT_BATCH_SIZE, pause: float = 0.0
+    at: str | None = None,
+    batch_size: int = reset.DEFAULT_BATCH_SIZE,
+    pause: float = 0.0,
+    duty: float = reset.DEFAULT_DUTY,
+    min_rate: float = reset.DEFAULT_MIN_RATE,
 ) -> dict[str, object]:
     """The hourly tick: the current period's reset if it is not done. `at` (ISO 8601) sets the
     clock, for tests."""
     when = datetime.fromisoformat(at) if at else None
     with _connect(Settings.from_env()) as conn:
-        return reset.catch_up(conn, at=when, batch_size=batch_size, pause=pause).as_dict()
+        outcome = reset.catch_up(
+            conn, at=when, batch_size=batch_size, pause=pause, duty=duty, min_rate=min_rate
+        )
+    return outcome.as_dict()
 
 
 @app.task(name="quota.plan_sync")
