@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -93,6 +94,7 @@ RECONNECT_TIMEOUT = 1.0
 # connection instead of the full pool timeout: they are answered 503 at once (and gunicorn's
 # workers stay free for /readyz) until a reconnect attempt succeeds.
 FAIL_FAST_WAIT = 0.1
+_WAIT_SLICE = 0.2
 
 
 def connect_kwargs(settings: Settings) -> dict[str, Any]:
@@ -142,25 +144,40 @@ class Database:
 
     @contextmanager
     def connection(self, *, timeout: float | None = None) -> Iterator[Connection]:
-        """A pooled connection, waiting at most `timeout` (default: DB_POOL_TIMEOUT, or
-        FAIL_FAST_WAIT while the database is unreachable). Raises PoolTimeout when none comes."""
+        """A pooled connection, waiting at most `timeout` (default: DB_POOL_TIMEOUT) for one, or
+        FAIL_FAST_WAIT while the database is unreachable. Raises PoolTimeout when none comes."""
         if self.pool.closed:
             self.pool.open(wait=False)
-        wait = FAIL_FAST_WAIT if self.unreachable else self.timeout
+        conn = self._take(self.timeout if timeout is None else timeout)
         try:
-            with self.pool.connection(timeout=wait if timeout is None else min(timeout, wait)) as conn:
-                self.unreachable = False
-                try:
-                    yield conn
-                except psycopg.OperationalError:
-                    # Lock and serialization failures are OperationalErrors too; only a lost
-                    # connection says anything about the database.
-                    if conn.broken or conn.closed:
-                        self.unreachable = True
-                    raise
-        except PoolTimeout:
-            self.unreachable = True
+            with conn:
+                yield conn
+        except psycopg.OperationalError:
+            # Lock and serialization failures are OperationalErrors too; only a lost connection
+            # says anything about the database.
+            if conn.broken or conn.closed:
+                self.unreachable = True
             raise
+        finally:
+            self.pool.putconn(conn)
+
+    def _take(self, timeout: float) -> Connection:
+        """Wait for a connection in short slices: when a connection attempt failed meanwhile (a
+        pooled connection failed its check and its replacement could not connect), the database is
+        down and waiting longer only holds this worker, so give up at once."""
+        deadline = time.monotonic() + (min(timeout, FAIL_FAST_WAIT) if self.unreachable else timeout)
+        errors = self.pool.get_stats().get("connections_errors", 0)
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                conn = self.pool.getconn(timeout=max(min(left, _WAIT_SLICE), 0.001))
+            except PoolTimeout:
+                if left <= _WAIT_SLICE or self.pool.get_stats().get("connections_errors", 0) > errors:
+                    self.unreachable = True
+                    raise
+                continue
+            self.unreachable = False
+            return conn
 
     def close(self) -> None:
         self.pool.close()

@@ -248,3 +248,37 @@ class PrivateRedis:
     def close(self) -> None:
         self.stop()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+class Serve:
+    """`quota-ledger serve` (gunicorn, as in production) on a free port, with `env` on top of ours."""
+
+    def __init__(self, env: dict[str, str], *, workers: int = 2, log: Path | None = None) -> None:
+        import sys
+
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log = log or Path(tempfile.mkstemp(prefix="ql-serve-", suffix=".log")[1])
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "service.cli", "serve", "--bind", f"127.0.0.1:{self.port}",
+                 "--workers", str(workers)],
+                env={**os.environ, **env},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        try:
+            wait_port(self.port, timeout=60)
+        except TimeoutError:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)

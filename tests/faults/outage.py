@@ -1,0 +1,159 @@
+"""A database outage under load, against a real `quota-ledger serve` and a private Postgres that is
+stopped and started: how fast requests are refused while it is down, and how fast service resumes.
+Used by tests/faults/test_database_outage.py (short, with bounds) and bench/outage.py (figures)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.servers import PrivatePostgres
+
+
+@dataclass(frozen=True)
+class Call:
+    path: str
+    started: float
+    took: float
+    status: int  # 0: no HTTP answer (timeout, connection refused)
+    error: str | None  # the JSON error code, if the body was one
+
+
+def call(base: str, path: str, *, body: dict[str, Any] | None = None, headers: dict[str, str] | None = None,
+         timeout: float = 10.0) -> Call:  # fmt: skip
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(
+        base + path,
+        data=data,
+        method="POST" if data is not None else "GET",
+        headers={"Content-Type": "application/json", **(headers or {})},
+    )
+    t = time.monotonic()
+    status, payload = 0, b""
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            status, payload = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        status, payload = e.code, e.read()
+    except OSError:
+        pass
+    took = time.monotonic() - t
+    error = None
+    if status >= 400:
+        try:
+            error = json.loads(payload).get("error")
+        except (ValueError, AttributeError):
+            error = None
+    return Call(path, t, took, status, error)
+
+
+@dataclass
+class Outage:
+    stopping_at: float = 0.0  # pg_ctl stop called
+    down_at: float = 0.0  # the server stopped (pg_ctl stop returned)
+    up_at: float = 0.0  # the server accepts connections again (pg_ctl start returned)
+    calls: list[Call] = field(default_factory=list)
+
+    def takes(self, lo: float, hi: float) -> list[Call]:
+        return [c for c in self.calls if c.path != "/readyz" and lo <= c.started < hi]
+
+    def readyz(self, lo: float, hi: float) -> list[Call]:
+        return [c for c in self.calls if c.path == "/readyz" and lo <= c.started < hi]
+
+    @property
+    def before(self) -> list[Call]:
+        """Takes answered before the server was being stopped."""
+        return [c for c in self.takes(0.0, self.stopping_at) if c.started + c.took < self.stopping_at]
+
+    @property
+    def during(self) -> list[Call]:
+        """Takes that started and were answered while the server was down."""
+        return [c for c in self.takes(self.down_at, self.up_at) if c.started + c.took < self.up_at]
+
+    @property
+    def first_success_after(self) -> float | None:
+        """Seconds from the server's return to the first take that succeeded."""
+        ok = [c.started + c.took for c in self.takes(self.up_at, float("inf")) if c.status < 300]
+        return min(ok) - self.up_at if ok else None
+
+    @property
+    def last_failure_after(self) -> float:
+        """Seconds from the server's return to the end of the last take that failed (0: none)."""
+        bad = [c.started + c.took for c in self.takes(self.up_at, float("inf")) if c.status >= 300]
+        return max(bad) - self.up_at if bad else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        during = [c.took for c in self.during]
+        ready = [c.took for c in self.readyz(self.down_at, self.up_at)]
+        return {
+            "outage_s": round(self.up_at - self.down_at, 1),
+            "takes_during": len(during),
+            "statuses_during": sorted({c.status for c in self.during}),
+            "take_latency_during_median_s": round(statistics.median(during), 3) if during else None,
+            "take_latency_during_max_s": round(max(during), 3) if during else None,
+            "readyz_during_max_s": round(max(ready), 3) if ready else None,
+            "first_success_after_s": (
+                round(self.first_success_after, 2) if self.first_success_after is not None else None
+            ),
+            "last_failure_after_s": round(self.last_failure_after, 2),
+        }
+
+
+def run_outage(
+    pg: PrivatePostgres,
+    base: str,
+    *,
+    headers: dict[str, str],
+    account: str,
+    outage_seconds: float,
+    clients: int = 4,
+    warm_seconds: float = 1.0,
+    settle_seconds: float = 2.0,
+    recovery_timeout: float = 30.0,
+) -> Outage:
+    """`clients` threads take units of `account` back to back and one probes /readyz every 0.2 s;
+    the server is stopped (fast: every session ends) for `outage_seconds`, then started; the load
+    goes on until `settle_seconds` after the first success (or `recovery_timeout`)."""
+    out = Outage(stopping_at=float("inf"), down_at=float("inf"), up_at=float("inf"))
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def record(c: Call) -> None:
+        with lock:
+            out.calls.append(c)
+
+    def taker() -> None:
+        while not stop.is_set():
+            record(call(base, f"/v1/accounts/{account}/takes", body={"metric": "api_calls"}, headers=headers))
+
+    def prober() -> None:
+        while not stop.is_set():
+            record(call(base, "/readyz", timeout=10.0))
+            stop.wait(0.2)
+
+    threads = [threading.Thread(target=taker) for _ in range(clients)] + [threading.Thread(target=prober)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(warm_seconds)
+        out.stopping_at = time.monotonic()
+        pg.stop("fast")
+        out.down_at = time.monotonic()
+        time.sleep(outage_seconds)
+        pg.start()
+        out.up_at = time.monotonic()
+        deadline = out.up_at + recovery_timeout
+        while time.monotonic() < deadline and out.first_success_after is None:
+            time.sleep(0.05)
+        time.sleep(settle_seconds)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+    return out
