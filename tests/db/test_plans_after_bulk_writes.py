@@ -23,8 +23,8 @@ ACCOUNTS = 6000  # x 3 metrics
 
 
 def seed(conn: psycopg.Connection[Any]) -> None:
-    """ACCOUNTS x 3 counters in P0 holding usage (one take row each), analyzed as such; autovacuum off on the two
-    tables so that the statistics stay what they were before the bulk write."""
+    """ACCOUNTS x 3 counters in P0 holding usage (one take row each), analyzed as such; autovacuum
+    off on the two tables so that the statistics stay what they were before the bulk write."""
     for table in ("quotas", "ledger"):
         conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = off)")
     conn.execute(
