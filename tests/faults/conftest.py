@@ -4,24 +4,17 @@ machine's shared ones. Each test is bounded to a few seconds of outage."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import psycopg
 import pytest
 
-from service.billing.plans import PlanConfig
-from service.keys import create_key
-from service.migrate import migrate
-from service.quota.accounts import upsert_account
-from service.quota.overrides import set_override
+from tests.faults.outage import prepare
 from tests.servers import PrivatePostgres, PrivateRedis, Unavailable
-
-ACCOUNT = "acc-outage"
 
 
 @pytest.fixture(scope="module")
 def private_pg() -> Iterator[PrivatePostgres]:
-    """A private cluster with a migrated database `ql`; running again after every test."""
+    """A private cluster with a database `ql`; running again after every test."""
     try:
         pg = PrivatePostgres()
     except Unavailable as e:
@@ -29,7 +22,6 @@ def private_pg() -> Iterator[PrivatePostgres]:
     try:
         with psycopg.connect(pg.url(), autocommit=True) as c:
             c.execute("CREATE DATABASE ql")
-        migrate(pg.url("ql"))
         yield pg
     finally:
         pg.close()
@@ -43,14 +35,9 @@ def private_db(private_pg: PrivatePostgres) -> Iterator[str]:
 
 
 @pytest.fixture
-def product_key(private_db: str, plans: PlanConfig) -> dict[str, str]:
+def product_key(private_db: str) -> dict[str, str]:
     """Authorization header of a product key, and ACCOUNT with unlimited api_calls."""
-    with psycopg.connect(private_db, autocommit=True) as conn:
-        conn.execute("DELETE FROM api_keys WHERE name = 'outage'")
-        key = create_key(conn, name="outage", role="product")
-        upsert_account(conn, plans, account_id=ACCOUNT, kind="user")
-        set_override(conn, plans, account_id=ACCOUNT, metric="api_calls", limit=None, actor="test")
-    return {"Authorization": f"Bearer {key}"}
+    return prepare(private_db)
 
 
 @pytest.fixture
@@ -63,15 +50,3 @@ def private_redis() -> Iterator[PrivateRedis]:
         yield rd
     finally:
         rd.close()
-
-
-def serve_env(database_url: str, redis_url: str, **extra: Any) -> dict[str, str]:
-    from tests.conftest import PLANS_FILE
-
-    return {
-        "DATABASE_URL": database_url,
-        "REDIS_URL": redis_url,
-        "PLANS_FILE": str(PLANS_FILE),
-        "KEY_CACHE_SECONDS": "0",  # every request needs the database, as an uncached key would
-        **{k: str(v) for k, v in extra.items()},
-    }

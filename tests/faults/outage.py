@@ -11,9 +11,43 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import psycopg
+
+from service.billing.plans import load_plans
+from service.keys import create_key
+from service.migrate import migrate
+from service.quota.accounts import upsert_account
+from service.quota.overrides import set_override
 from tests.servers import PrivatePostgres
+
+ACCOUNT = "acc-outage"
+PLANS_FILE = Path(__file__).resolve().parents[1] / "plans.toml"
+
+
+def prepare(database_url: str) -> dict[str, str]:
+    """Migrate, and make a product key and ACCOUNT (unlimited api_calls, so no take is refused);
+    returns the key's Authorization header."""
+    migrate(database_url)
+    plans = load_plans(PLANS_FILE)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("DELETE FROM api_keys WHERE name = 'outage'")
+        key = create_key(conn, name="outage", role="product")
+        upsert_account(conn, plans, account_id=ACCOUNT, kind="user")
+        set_override(conn, plans, account_id=ACCOUNT, metric="api_calls", limit=None, actor="outage")
+    return {"Authorization": f"Bearer {key}"}
+
+
+def serve_env(database_url: str, redis_url: str, **extra: Any) -> dict[str, str]:
+    return {
+        "DATABASE_URL": database_url,
+        "REDIS_URL": redis_url,
+        "PLANS_FILE": str(PLANS_FILE),
+        "KEY_CACHE_SECONDS": "0",  # every request needs the database, as an uncached key would
+        **{k: str(v) for k, v in extra.items()},
+    }
 
 
 @dataclass(frozen=True)
@@ -89,13 +123,15 @@ class Outage:
         return max(bad) - self.up_at if bad else 0.0
 
     def summary(self) -> dict[str, Any]:
-        during = [c.took for c in self.during]
+        during = sorted(c.took for c in self.during)
         ready = [c.took for c in self.readyz(self.down_at, self.up_at)]
         return {
             "outage_s": round(self.up_at - self.down_at, 1),
             "takes_during": len(during),
             "statuses_during": sorted({c.status for c in self.during}),
+            "not_503_json_during": sum(c.status != 503 or c.error != "unavailable" for c in self.during),
             "take_latency_during_median_s": round(statistics.median(during), 3) if during else None,
+            "take_latency_during_p99_s": round(during[int(0.99 * (len(during) - 1))], 3) if during else None,
             "take_latency_during_max_s": round(max(during), 3) if during else None,
             "readyz_during_max_s": round(max(ready), 3) if ready else None,
             "first_success_after_s": (

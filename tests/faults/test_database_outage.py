@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.conftest import ACCOUNT, serve_env
-from tests.faults.outage import call, run_outage
+from tests.faults.outage import ACCOUNT, call, run_outage, serve_env
 from tests.servers import PrivatePostgres, Serve
 
 
