@@ -91,14 +91,16 @@ def call(base: str, path: str, *, body: dict[str, Any] | None = None, headers: d
 class Outage:
     stopping_at: float = 0.0  # pg_ctl stop called
     down_at: float = 0.0  # the server stopped (pg_ctl stop returned)
-    up_at: float = 0.0  # the server accepts connections again (pg_ctl start returned)
+    starting_at: float = 0.0  # pg_ctl start called: the server is back from about here on
+    up_at: float = 0.0  # pg_ctl start returned (the server accepted connections a little earlier)
     calls: list[Call] = field(default_factory=list)
 
     def takes(self, lo: float, hi: float) -> list[Call]:
         return [c for c in self.calls if c.path != "/readyz" and lo <= c.started < hi]
 
     def readyz(self, lo: float, hi: float) -> list[Call]:
-        return [c for c in self.calls if c.path == "/readyz" and lo <= c.started < hi]
+        """/readyz probes that started and were answered within [lo, hi)."""
+        return [c for c in self.calls if c.path == "/readyz" and lo <= c.started and c.started + c.took < hi]
 
     @property
     def before(self) -> list[Call]:
@@ -108,23 +110,32 @@ class Outage:
     @property
     def during(self) -> list[Call]:
         """Takes that started and were answered while the server was down."""
-        return [c for c in self.takes(self.down_at, self.up_at) if c.started + c.took < self.up_at]
+        return [
+            c for c in self.takes(self.down_at, self.starting_at) if c.started + c.took < self.starting_at
+        ]
+
+    def _answered_after_start(self, ok: bool) -> list[float]:
+        return [
+            c.started + c.took - self.starting_at
+            for c in self.takes(self.down_at, float("inf"))
+            if c.started + c.took > self.starting_at and (c.status < 300) == ok
+        ]
 
     @property
     def first_success_after(self) -> float | None:
-        """Seconds from the server's return to the first take that succeeded."""
-        ok = [c.started + c.took for c in self.takes(self.up_at, float("inf")) if c.status < 300]
-        return min(ok) - self.up_at if ok else None
+        """Seconds from `pg_ctl start` (which includes the server's own start-up) to the first take
+        answered with success."""
+        ok = self._answered_after_start(True)
+        return min(ok) if ok else None
 
     @property
     def last_failure_after(self) -> float:
-        """Seconds from the server's return to the end of the last take that failed (0: none)."""
-        bad = [c.started + c.took for c in self.takes(self.up_at, float("inf")) if c.status >= 300]
-        return max(bad) - self.up_at if bad else 0.0
+        """Seconds from `pg_ctl start` to the last take answered with a failure (0: none)."""
+        return max(self._answered_after_start(False), default=0.0)
 
     def summary(self) -> dict[str, Any]:
         during = sorted(c.took for c in self.during)
-        ready = [c.took for c in self.readyz(self.down_at, self.up_at)]
+        ready = [c.took for c in self.readyz(self.down_at, self.starting_at)]
         return {
             "outage_s": round(self.up_at - self.down_at, 1),
             "takes_during": len(during),
@@ -156,7 +167,8 @@ def run_outage(
     """`clients` threads take units of `account` back to back and one probes /readyz every 0.2 s;
     the server is stopped (fast: every session ends) for `outage_seconds`, then started; the load
     goes on until `settle_seconds` after the first success (or `recovery_timeout`)."""
-    out = Outage(stopping_at=float("inf"), down_at=float("inf"), up_at=float("inf"))
+    inf = float("inf")
+    out = Outage(stopping_at=inf, down_at=inf, starting_at=inf, up_at=inf)
     stop = threading.Event()
     lock = threading.Lock()
 
@@ -182,6 +194,7 @@ def run_outage(
         pg.stop("fast")
         out.down_at = time.monotonic()
         time.sleep(outage_seconds)
+        out.starting_at = time.monotonic()
         pg.start()
         out.up_at = time.monotonic()
         deadline = out.up_at + recovery_timeout

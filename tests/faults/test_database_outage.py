@@ -36,7 +36,7 @@ def test_outage_is_refused_fast_and_service_resumes_fast(
     assert all(c.status == 503 and c.error == "unavailable" for c in out.during), (summary, log)
     assert max(c.took for c in out.during) < 3.0, summary
     # /readyz within a second, saying unavailable
-    probes = out.readyz(out.down_at, out.up_at)
+    probes = out.readyz(out.down_at, out.starting_at)
     assert probes and all(c.status == 503 and c.took < 1.0 for c in probes), (summary, probes)
     # back within a couple of seconds, and no request failing on a dead connection after that
     assert out.first_success_after is not None and out.first_success_after < 2.5, (summary, log)
