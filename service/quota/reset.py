@@ -19,7 +19,8 @@ second of the month, so the job only has to finish well within the hourly catch-
 batches (each row lock short) and sleeps between them so that batches take at most `duty` of the
 wall time: a batch that took longer because the database is busy (with takes, say) is followed by
 a longer sleep, so the job yields to the load it would otherwise slow down. `min_rate` bounds that
-yielding, so a run still finishes in bounded time (1,000,000 counters at 1,500/s: 11 minutes).
+yielding, so a run still finishes in bounded time (1,000,000 counters at 1,500/s: 11 minutes, as
+long as one batch takes less than batch_size / min_rate; past that there is no rest at all).
 """
 
 from __future__ import annotations
