@@ -14,12 +14,15 @@ failover) for `--outage` seconds, then started. Reports per repetition and as me
 - seconds from Postgres accepting connections again to the first successful take, and to the last
   failed one (every worker's pool back).
 
-Redis is not needed: REDIS_URL may point anywhere (it only feeds /readyz's informational line).
+With --pgbouncer [K=V,...] the service connects through a PgBouncer in transaction mode (prepared
+statements off), with those settings on top of PgBouncer's defaults. Redis is not needed: REDIS_URL may point
+anywhere (it only feeds /readyz's informational line).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -33,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 import psycopg  # noqa: E402
 
 from tests.faults.outage import ACCOUNT, prepare, run_outage, serve_env  # noqa: E402
-from tests.servers import PrivatePostgres, Serve  # noqa: E402
+from tests.servers import PgBouncer, PrivatePostgres, Serve  # noqa: E402
 
 
 def main() -> int:
@@ -42,39 +45,53 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--workers", type=int, default=4, help="gunicorn workers (the serve default)")
     ap.add_argument("--clients", type=int, default=8, help="threads taking back to back")
+    ap.add_argument(
+        "--pgbouncer",
+        nargs="?",
+        const="",
+        metavar="K=V,...",
+        help="serve through PgBouncer (transaction mode, DB_PREPARED_STATEMENTS=off), with these "
+        "settings on top of its defaults (e.g. server_login_retry=1)",
+    )
     args = ap.parse_args()
 
     load = os.getloadavg()[0]
+    via = "" if args.pgbouncer is None else f" through PgBouncer ({args.pgbouncer or 'defaults'})"
     print(
-        f"outage benchmark: {args.reps} x {args.outage:.0f} s outage, serve --workers {args.workers}, "
+        f"outage benchmark{via}: {args.reps} x {args.outage:.0f} s outage, serve --workers {args.workers}, "
         f"{args.clients} clients; load average {load:.1f} on {os.cpu_count()} CPUs at start",
         flush=True,
     )
     pg = PrivatePostgres()
     log = Path(tempfile.mkstemp(prefix="ql-outage-serve-", suffix=".log")[1])
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.callback(pg.close)
         with psycopg.connect(pg.url(), autocommit=True) as c:
             c.execute("CREATE DATABASE ql")
         headers = prepare(pg.url("ql"))
-        env = serve_env(pg.url("ql"), os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+        redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+        if args.pgbouncer is not None:
+            extra = dict(kv.split("=", 1) for kv in args.pgbouncer.split(",") if kv)
+            bouncer = PgBouncer(pg.url(), settings=extra)
+            stack.callback(bouncer.close)
+            env = serve_env(bouncer.url("ql"), redis_url, DB_PREPARED_STATEMENTS="off")
+        else:
+            env = serve_env(pg.url("ql"), redis_url)
         srv = Serve(env, workers=args.workers, log=log)
+        stack.callback(srv.close)
         rows = []
-        try:
-            for rep in range(1, args.reps + 1):
-                out = run_outage(
-                    pg, srv.base, headers=headers, account=ACCOUNT, outage_seconds=args.outage,
-                    clients=args.clients, warm_seconds=3.0,
-                )  # fmt: skip
-                s = out.summary()
-                rows.append(s)
-                print(f"rep {rep}: {s}", flush=True)
-        finally:
-            srv.close()
-    finally:
-        pg.close()
+        for rep in range(1, args.reps + 1):
+            out = run_outage(
+                pg, srv.base, headers=headers, account=ACCOUNT, outage_seconds=args.outage,
+                clients=args.clients, warm_seconds=3.0,
+            )  # fmt: skip
+            s = out.summary()
+            rows.append(s)
+            print(f"rep {rep}: {s}", flush=True)
 
     def med(key: str) -> float:
-        return statistics.median(float(r[key]) for r in rows if r[key] is not None)
+        values = [float(r[key]) for r in rows if r[key] is not None]
+        return statistics.median(values) if values else float("nan")
 
     print(
         f"\nmedians over {args.reps} reps of a {args.outage:.0f} s outage: answers while down "

@@ -138,7 +138,14 @@ class PgBouncer:
     mode by default: each transaction may run on another server connection, so nothing may rely on
     session state (prepared statements, SET, temp tables, session advisory locks, WITH HOLD cursors)."""
 
-    def __init__(self, upstream_url: str, *, pool_mode: str = "transaction", pool_size: int = 60) -> None:
+    def __init__(
+        self,
+        upstream_url: str,
+        *,
+        pool_mode: str = "transaction",
+        pool_size: int = 60,
+        settings: dict[str, str] | None = None,
+    ) -> None:
         exe = shutil.which("pgbouncer") or next(
             (p for p in ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer") if Path(p).exists()), None
         )
@@ -168,6 +175,7 @@ ignore_startup_parameters = extra_float_digits
 logfile = {self.root / "pgbouncer.log"}
 pidfile = {self.root / "pgbouncer.pid"}
 """
+            + "".join(f"{k} = {v}\n" for k, v in (settings or {}).items())
         )
         if os.geteuid() == 0:
             pw = pwd.getpwnam(UNPRIVILEGED)
