@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import select
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -120,12 +121,24 @@ def connect(settings: Settings, *, application_name: str) -> Connection:
     )
 
 
+def check_connection(conn: Connection) -> None:
+    """The pool's check of a connection it hands out, without a round trip in the usual case: an
+    idle connection has nothing to read unless the server closed it (a restart or failover sends a
+    FATAL message and closes the socket). Only then does the round trip of psycopg_pool's own check
+    decide. A round trip on every request cost about 0.1 ms of CPU per HTTP take (bench/http_bench)."""
+    if conn.closed:
+        raise psycopg.OperationalError("the connection is closed")
+    readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    if readable:
+        ConnectionPool.check_connection(conn)
+
+
 class Database:
     """The process's pool of autocommit connections: a single statement is its own transaction,
     and `transaction(conn)` opens an explicit one where several statements must commit together.
 
-    Every connection is checked as it is taken (a round trip), so one that died with a database
-    restart is replaced instead of failing its request. While the database is unreachable,
+    Every connection is checked as it is taken (`check_connection`), so one that died with a
+    database restart is replaced instead of failing its request. While the database is unreachable,
     requests fail within `FAIL_FAST_WAIT` rather than queueing for `DB_POOL_TIMEOUT` each.
     The pool opens lazily so that it is created after a gunicorn fork, never before."""
 
@@ -140,7 +153,7 @@ class Database:
             open=False,
             name=name,
             timeout=settings.db_pool_timeout,
-            check=ConnectionPool.check_connection,
+            check=check_connection,
             reconnect_timeout=RECONNECT_TIMEOUT,
         )
 
