@@ -6,7 +6,6 @@ from flask import Blueprint, Response, jsonify
 
 from service.http import schemas
 from service.http.auth import actor, require
-from service.http.errors import ApiError
 from service.http.metrics import RELEASES, TAKES
 from service.http.runtime import runtime
 from service.http.validation import account_id, json_body, query_args
@@ -72,14 +71,7 @@ def post_release(take_id: int) -> Response:
 def get_usage(id: str) -> Response:
     args = query_args(USAGE_QUERY)
     rt = runtime()
-    if args["metric"] not in rt.plans.metrics:
-        raise ApiError(
-            422,
-            "validation_failed",
-            "the request is not valid",
-            fields={"metric": [f"unknown metric; known: {', '.join(rt.plans.metrics)}"]},
-        )
     with rt.connection() as conn:
         period = args.get("period")
-        used = usage.usage(conn, account_id=account_id(id), metric=args["metric"], period=period)
+        used = usage.usage(conn, rt.plans, account_id=account_id(id), metric=args["metric"], period=period)
     return jsonify({"metric": args["metric"], "period": period or periods.current_period(), "used": used})

@@ -9,8 +9,14 @@ from psycopg.rows import class_row, dict_row
 
 from service.billing.plans import PlanConfig
 from service.db import Connection, Q, transaction
-from service.errors import AccountDeleted, CustomerAlreadyLinked, UnknownAccount
+from service.errors import AccountDeleted, CustomerAlreadyLinked, UnknownAccount, UnknownMetric
 from service.quota import periods
+
+
+def require_metric(plans: PlanConfig, metric: str) -> None:
+    """Raise UnknownMetric unless the plan config names `metric`."""
+    if metric not in plans.metrics:
+        raise UnknownMetric(f"unknown metric {metric!r}; known: {', '.join(plans.metrics)}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,9 +7,9 @@ from psycopg.types.json import Jsonb
 
 from service.billing.plans import PlanConfig
 from service.db import Connection, Q, transaction
-from service.errors import AccountDeleted, UnknownAccount, UnknownMetric
+from service.errors import AccountDeleted, UnknownAccount
 from service.quota import periods
-from service.quota.accounts import ensure_quotas
+from service.quota.accounts import ensure_quotas, require_metric
 from service.quota.takes import ROLLOVER_ACTOR
 
 
@@ -24,8 +24,7 @@ def reset_counter(
 ) -> int:
     """Set the counter of the open period to 0 with one reset ledger row naming `actor`;
     returns the value cleared. A deleted account raises AccountDeleted."""
-    if metric not in plans.metrics:
-        raise UnknownMetric(f"unknown metric {metric!r}; known: {', '.join(plans.metrics)}")
+    require_metric(plans, metric)
     period = period or periods.current_period()
     params = {"account_id": account_id, "metric": metric, "period": period, "actor": actor}
     acct = conn.execute(Q.account_get, params).fetchone()

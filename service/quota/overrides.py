@@ -8,8 +8,8 @@ from psycopg.types.json import Jsonb
 
 from service.billing.plans import PlanConfig
 from service.db import Connection, Q, transaction
-from service.errors import UnknownAccount, UnknownMetric
-from service.quota.accounts import ensure_quotas
+from service.errors import UnknownAccount
+from service.quota.accounts import ensure_quotas, require_metric
 
 
 def _override(row: dict[str, object]) -> dict[str, object] | None:
@@ -27,8 +27,7 @@ def _change(
     override_set: bool,
     override_limit: int | None,
 ) -> dict[str, object] | None:
-    if metric not in plans.metrics:
-        raise UnknownMetric(f"unknown metric {metric!r}; known: {', '.join(plans.metrics)}")
+    require_metric(plans, metric)
     params = {"account_id": account_id, "metric": metric}
     with transaction(conn), conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(Q.quota_for_update, params).fetchone()

@@ -14,11 +14,10 @@ from service.errors import (
     IdempotencyKeyReused,
     QuotaExhausted,
     UnknownAccount,
-    UnknownMetric,
     UnknownTake,
 )
 from service.quota import periods
-from service.quota.accounts import ensure_quotas
+from service.quota.accounts import ensure_quotas, require_metric
 
 ROLLOVER_ACTOR = "system:rollover"
 
@@ -78,8 +77,7 @@ def take(
     """Take `units` of `metric` for the current period, or raise QuotaExhausted, UnknownAccount,
     AccountDeleted or UnknownMetric. With an idempotency key already used by this account, returns
     the original take and moves nothing. Call on an autocommit connection: the take is one statement."""
-    if metric not in plans.metrics:
-        raise UnknownMetric(f"unknown metric {metric!r}; known: {', '.join(plans.metrics)}")
+    require_metric(plans, metric)
     period = period or periods.current_period()
     params = {
         "account_id": account_id,

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from service.billing.plans import PlanConfig
 from service.db import Connection, Q
 from service.errors import UnknownAccount
 from service.quota import periods
+from service.quota.accounts import require_metric
 
 
-def usage(conn: Connection, *, account_id: str, metric: str, period: str | None = None) -> int:
-    """Units used in `period` (default: the current one). A period with no usage is 0."""
+def usage(
+    conn: Connection, plans: PlanConfig, *, account_id: str, metric: str, period: str | None = None
+) -> int:
+    """Units used in `period` (default: the current one). A period with no usage is 0. An unknown
+    metric raises UnknownMetric, as a take of it would."""
+    require_metric(plans, metric)
     current = periods.current_period()
     period = period or current
     params = {"account_id": account_id, "metric": metric, "period": period}
