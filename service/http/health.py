@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import redis
-from flask import Blueprint, Response, jsonify
+from flask import Blueprint, Response, current_app, jsonify
 
 from service.http import metrics
+from service.http import schemas as s
 from service.http.openapi import openapi_document
 from service.http.runtime import runtime
 
@@ -14,12 +15,24 @@ bp = Blueprint("health", __name__)
 
 @bp.get("/healthz")
 def healthz() -> Response:
-    return jsonify({"status": "ok"})
+    """Liveness: the process answers.
+    ---
+    get:
+      responses:
+        200: {description: alive, content: {application/json: {schema: Health}}}
+    """
+    return jsonify(s.HEALTH.dump({"status": "ok"}))
 
 
 @bp.get("/readyz")
 def readyz() -> tuple[Response, int]:
-    """Ready when Postgres answers and the Celery broker (Redis) answers."""
+    """Readiness: Postgres and the Celery broker (Redis) answer.
+    ---
+    get:
+      responses:
+        200: {description: ready, content: {application/json: {schema: Readiness}}}
+        503: {description: not ready, content: {application/json: {schema: Readiness}}}
+    """
     rt = runtime()
     checks: dict[str, str] = {}
     try:
@@ -36,14 +49,27 @@ def readyz() -> tuple[Response, int]:
     except Exception as e:
         checks["broker"] = f"error: {type(e).__name__}"
     ready = all(v == "ok" for v in checks.values())
-    return jsonify({"status": "ready" if ready else "unavailable", "checks": checks}), 200 if ready else 503
+    body = s.READINESS.dump({"status": "ready" if ready else "unavailable", "checks": checks})
+    return jsonify(body), 200 if ready else 503
 
 
 @bp.get("/metrics")
 def prometheus() -> Response:
+    """Prometheus metrics (every label from a fixed set).
+    ---
+    get:
+      responses:
+        200: {description: the text exposition format, content: {text/plain: {schema: {type: string}}}}
+    """
     return metrics.render()
 
 
 @bp.get("/openapi.json")
 def openapi() -> Response:
-    return jsonify(openapi_document())
+    """This document.
+    ---
+    get:
+      responses:
+        200: {description: OpenAPI 3, content: {application/json: {schema: {type: object}}}}
+    """
+    return jsonify(openapi_document(current_app))

@@ -9,7 +9,7 @@ from flask import request
 from marshmallow import Schema, ValidationError
 
 from service.http.errors import InvalidJson, ValidationFailed
-from service.http.schemas import ACCOUNT_ID_RE, ACCOUNT_ID_RULE
+from service.http.schemas import ACCOUNT_ID, ACCOUNT_ID_RULE
 
 
 def json_body(schema: Schema) -> dict[str, Any]:
@@ -35,6 +35,7 @@ def load(schema: Schema, data: dict[str, Any]) -> dict[str, Any]:
 
 
 def account_id(value: str) -> str:
-    if not ACCOUNT_ID_RE.match(value):
-        raise ValidationFailed("invalid account id", fields={"id": [ACCOUNT_ID_RULE]})
-    return value
+    try:
+        return str(ACCOUNT_ID(value))
+    except ValidationError:
+        raise ValidationFailed("invalid account id", fields={"id": [ACCOUNT_ID_RULE]}) from None

@@ -12,6 +12,7 @@ from flask import Blueprint, Response, jsonify, request
 from service import errors
 from service.billing import inbox
 from service.billing.events import Change, Envelope, NoChange
+from service.http import schemas as s
 from service.http.metrics import WEBHOOKS
 from service.http.runtime import runtime
 from service.webhooks import revenuecat, stripe
@@ -33,12 +34,24 @@ def _receive(env: Envelope, *, allowed: bool, translate: inbox.Translate) -> Res
         "locked" if receipt.locked else "one_statement",
     ).inc()
     return jsonify(
-        {"received": True, "id": receipt.id, "status": receipt.status, "duplicate": receipt.duplicate}
+        s.WEBHOOK_RECEIPT.dump(
+            {"received": True, "id": receipt.id, "status": receipt.status, "duplicate": receipt.duplicate}
+        )
     )
 
 
 @bp.post("/stripe")
 def stripe_webhook() -> Response:
+    """A Stripe event: verified, stored, applied.
+    ---
+    post:
+      security: [{stripeSignature: []}]
+      requestBody: {required: true, content: {application/json: {schema: StripeEvent}}}
+      responses:
+        200: {description: stored (applied, ignored, unmatched or failed) or a duplicate, content: {application/json: {schema: WebhookReceipt}}}
+        400: Error
+        503: Error
+    """  # noqa: E501
     settings = runtime().settings
     env = stripe.verify(
         request.get_data(), request.headers.get("Stripe-Signature"), settings.stripe_webhook_secrets
@@ -48,6 +61,17 @@ def stripe_webhook() -> Response:
 
 @bp.post("/revenuecat")
 def revenuecat_webhook() -> Response:
+    """A RevenueCat event: authenticated, stored, applied.
+    ---
+    post:
+      security: [{revenuecatAuthorization: []}]
+      requestBody: {required: true, content: {application/json: {schema: RevenueCatDelivery}}}
+      responses:
+        200: {description: stored (applied, ignored, unmatched or failed) or a duplicate, content: {application/json: {schema: WebhookReceipt}}}
+        400: Error
+        401: Error
+        503: Error
+    """  # noqa: E501
     settings = runtime().settings
     revenuecat.authenticate(request.headers.get("Authorization"), settings.revenuecat_webhook_auth)
     env = revenuecat.parse(request.get_data())

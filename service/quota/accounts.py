@@ -40,6 +40,11 @@ class MetricView:
     def resets_at(self) -> str:
         return periods.resets_at(self.period)
 
+    @property
+    def override(self) -> dict[str, int | None] | None:
+        """The sticky override as the admin sees it: {limit} (None = unlimited), or None when unset."""
+        return {"limit": self.override_limit} if self.override_set else None
+
 
 @dataclass(frozen=True, kw_only=True)
 class AccountView:
@@ -50,6 +55,10 @@ class AccountView:
     stripe_customer_id: str | None
     deleted: bool
     limits: list[MetricView] = field(default_factory=list)
+
+    @property
+    def by_metric(self) -> dict[str, MetricView]:
+        return {m.metric: m for m in self.limits}
 
 
 def _limit_params(plans: PlanConfig, plan: str) -> dict[str, object]:
