@@ -63,11 +63,19 @@ class _RoutePlugin(BasePlugin):
                 op.setdefault("security", [])
 
 
-def _metric_enum(metrics: list[str]) -> Any:
-    def metric_enum(self: OpenAPIConverter, field: fields.Field[Any], **kwargs: Any) -> dict[str, Any]:
-        return {"enum": metrics} if isinstance(field, s.Metric) else {}
+def _field_rules(metrics: list[str]) -> Any:
+    """What our field classes refuse beyond their type: Text a NUL (which Postgres cannot store),
+    Metric a name the plan config does not know."""
 
-    return metric_enum
+    def field_rules(self: OpenAPIConverter, field: fields.Field[Any], **kwargs: Any) -> dict[str, Any]:
+        rules: dict[str, Any] = {}
+        if isinstance(field, s.Text):
+            rules["pattern"] = "^[^\\u0000]*$"
+        if isinstance(field, s.Metric):
+            rules["enum"] = metrics
+        return rules
+
+    return field_rules
 
 
 def build(app: Flask) -> dict[str, Any]:
@@ -82,11 +90,8 @@ def build(app: Flask) -> dict[str, Any]:
         info={"description": "Plan limits from billing webhooks, atomic takes, an append-only ledger."},
     )
     assert marshmallow.converter is not None
-    marshmallow.converter.add_attribute_function(_metric_enum(metrics))  # type: ignore[no-untyped-call]
+    marshmallow.converter.add_attribute_function(_field_rules(metrics))  # type: ignore[no-untyped-call]
     spec.components.security_scheme("apiKey", {"type": "http", "scheme": "bearer"})
-    spec.components.security_scheme(
-        "stripeSignature", {"type": "apiKey", "in": "header", "name": "Stripe-Signature"}
-    )
     spec.components.security_scheme(
         "revenuecatAuthorization", {"type": "apiKey", "in": "header", "name": "Authorization"}
     )

@@ -45,7 +45,12 @@ def stripe_webhook() -> Response:
     """A Stripe event: verified, stored, applied.
     ---
     post:
-      security: [{stripeSignature: []}]
+      parameters:
+        - in: header
+          name: Stripe-Signature
+          required: true
+          description: t=<unix time>,v1=<HMAC-SHA256 of "t.body" with an endpoint secret>; else 400
+          schema: {type: string, pattern: "^t=[0-9]+(,v1=[0-9a-f]{64})+$"}
       requestBody: {required: true, content: {application/json: {schema: StripeEvent}}}
       responses:
         200: {description: stored (applied, ignored, unmatched or failed) or a duplicate, content: {application/json: {schema: WebhookReceipt}}}

@@ -111,7 +111,7 @@ def test_openapi_documents_every_route(app, client):
     assert {p["name"]: p["in"] for p in usage["get"]["parameters"]} == {"metric": "query", "period": "query"}
     assert usage["get"]["parameters"][0]["schema"]["enum"] == ["api_calls", "seats", "urls"]
     assert usage["parameters"][0]["schema"]["pattern"] == "^[A-Za-z0-9._:@-]{1,128}$"
-    assert doc["paths"]["/webhooks/stripe"]["post"]["security"] == [{"stripeSignature": []}]
+    assert doc["paths"]["/webhooks/revenuecat"]["post"]["security"] == [{"revenuecatAuthorization": []}]
 
 
 def test_routing_404_and_405_have_json_bodies(client, keys):
