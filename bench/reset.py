@@ -1,13 +1,13 @@
 """Monthly reset benchmark: 1,000,000 counters, wall time, and take latency during the reset.
 
-    .venv/bin/python bench/reset.py [--pg URL] [--counters 1000000] [--batch-size 2000]
-                                    [--take-procs 4] [--take-rate 1000] [--baseline-seconds 20]
-                                    [--reps 3] [--no-quiet-run]
+    bench/run reset [--counters 1000000] [--batch-size 2000]
+                    [--take-procs 4] [--take-rate 1000] [--baseline-seconds 20]
+                    [--reps 3] [--no-quiet-run]
 
-Creates a scratch database `bench_reset` on the server named by --pg (default:
-postgresql://postgres@127.0.0.1:5432/postgres) with our migrations and `--counters` counters
-(accounts x 3 metrics) in period P0 (this month), nine in ten holding usage, so nine in ten get a
-reset ledger row (the expensive case). Then, per repetition (fresh seed each time), on one server:
+Creates a scratch database `bench_reset` on the server named by DATABASE_URL with our migrations
+and `--counters` counters (accounts x 3 metrics) in period P0 (this month), nine in ten holding
+usage, so nine in ten get a reset ledger row (the expensive case). Then, per repetition (fresh
+seed each time), on one server:
 
 1. baseline: `--take-procs` processes issue `service.quota.takes.take()` against random counters at
    `--take-rate` takes/s in total, for `--baseline-seconds`, with no reset running (takes in P0);
@@ -42,7 +42,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 import psycopg  # noqa: E402
-from common import with_database  # noqa: E402
+from common import server_urls, with_database  # noqa: E402
 
 from service.billing.plans import load_plans  # noqa: E402
 from service.migrate import migrate  # noqa: E402
@@ -157,7 +157,6 @@ def describe(name: str, samples: list[tuple[float, float]]) -> dict[str, float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/postgres")
     ap.add_argument("--counters", type=int, default=1_000_000)
     ap.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
     ap.add_argument("--pause", type=float, default=0.0, help="seconds between reset batches")
@@ -169,6 +168,7 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help=f"keep the scratch database {DB}")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
+    pg, _ = server_urls(ap)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
 
     p0 = periods.current_period()
@@ -182,7 +182,7 @@ def main() -> int:
     walls, ratios, base_p99, during_p99 = [], [], [], []
     for rep in range(1, args.reps + 1):
         print(f"\nrep {rep}/{args.reps}")
-        url, accounts = seed(args.pg, args.counters, p0)
+        url, accounts = seed(pg, args.counters, p0)
 
         def baseline() -> tuple[float, float]:
             lo = time.perf_counter()
@@ -218,12 +218,12 @@ def main() -> int:
         f"ratio {med(ratios):.2f}x (target <= 3x)"
     )
     if not args.no_quiet_run:
-        url, _ = seed(args.pg, args.counters, p0)
+        url, _ = seed(pg, args.counters, p0)
         with psycopg.connect(url, autocommit=True) as conn:
             quiet = reset_month(conn, at=at, batch_size=args.batch_size, pause=args.pause)
         print(f"reset without load: {quiet.message}")
     if not args.keep:
-        with psycopg.connect(args.pg, autocommit=True) as c:
+        with psycopg.connect(pg, autocommit=True) as c:
             c.execute(f'DROP DATABASE IF EXISTS "{DB}" WITH (FORCE)')
     ok = med(ratios) <= 3 and med(walls) <= 60
     print("result:", "within targets" if ok else "OUTSIDE targets")
