@@ -381,6 +381,24 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def cmd_expire_access(args: argparse.Namespace) -> int:
+    """End the access that ended by time, the same code as the hourly Celery task."""
+    from service.billing.expiry import end_expired
+    from service.billing.plans import load_plans
+    from service.errors import PlanConfigError
+
+    _log_to_stderr(args.verbose)
+    settings = _settings()
+    try:
+        plans = load_plans(settings.plans_file)
+    except PlanConfigError as e:
+        print(f"quota-ledger expire-access: refused, nothing changed: {e}", file=sys.stderr)
+        return 2
+    with _connect(settings) as conn:
+        print(end_expired(conn, plans).message)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="quota-ledger", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -467,6 +485,10 @@ def build_parser() -> argparse.ArgumentParser:
     sync.add_argument("--batch-size", type=int, default=1000, help="accounts per transaction")
     sync.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     sync.set_defaults(func=cmd_sync_plans)
+
+    expire = sub.add_parser("expire-access", help="end subscriptions whose access ended by time")
+    expire.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    expire.set_defaults(func=cmd_expire_access)
     return parser
 
 

@@ -8,6 +8,7 @@ from datetime import datetime
 
 import psycopg
 
+from service.billing import expiry
 from service.billing.plans import load_plans
 from service.config import Settings
 from service.db import Connection
@@ -62,3 +63,15 @@ def plan_sync_task() -> dict[str, object]:
         )
     log.info("%s", outcome.message)
     return {"status": outcome.status, "message": outcome.message}
+
+
+@app.task(name="billing.expire_access")
+def expire_access(at: str | None = None) -> dict[str, object]:
+    """End the subscriptions whose access ended by time, and let their accounts follow. `at` (ISO
+    8601) sets the clock, for tests."""
+    settings = Settings.from_env()
+    plans = load_plans(settings.plans_file)
+    when = datetime.fromisoformat(at) if at else None
+    with _connect(settings) as conn:
+        outcome = expiry.end_expired(conn, plans, at=when)
+    return {"accounts": outcome.accounts, "subscriptions": outcome.subscriptions, "message": outcome.message}
