@@ -1,4 +1,11 @@
-"""Connection pool, transactions, advisory locks and the named SQL queries."""
+"""Connection pool, transactions, advisory locks and the named SQL queries.
+
+Where a query lives: in the .sql file beside the module that runs it, named like it
+(service/quota/takes.py runs service/quota/takes.sql; service/keys.py, service/keys.sql). A query
+another module needs is reached through a function of its own module, not run from elsewhere.
+service/sql/ holds the files not yet moved by that rule (billing.sql, jobs.sql). Every file is
+loaded once into `Q`, and a query name used twice is refused.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +22,7 @@ from psycopg_pool import ConnectionPool
 Connection = psycopg.Connection[tuple[object, ...]]
 T = TypeVar("T")
 
-_SQL_DIR = Path(__file__).resolve().parent / "sql"
+_PACKAGE = Path(__file__).resolve().parent
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 
@@ -27,11 +34,13 @@ def load_queries(path: Path) -> dict[str, str]:
 
 
 class Queries:
-    """All named queries of service/sql/, loaded once: `Q.take`, `Q.release`, ..."""
+    """All named queries of the package, loaded once: `Q.take`, `Q.release`, ..."""
 
     def __init__(self) -> None:
         self._q: dict[str, str] = {}
-        for path in sorted(_SQL_DIR.glob("*.sql")):
+        for path in sorted(_PACKAGE.rglob("*.sql")):
+            if "migrations" in path.relative_to(_PACKAGE).parts:  # shipped inside an installed package
+                continue
             for name, sql in load_queries(path).items():
                 if name in self._q:
                     raise RuntimeError(f"query {name!r} defined twice (in {path.name})")
