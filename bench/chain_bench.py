@@ -3,7 +3,7 @@ Postgres (target: on / off >= 0.9, in-process and over HTTP).
 
     bench/run chain [--reps 5] [--seconds 10] [--wrk "-t2 -c32 -d10s"]   (or: python bench/chain_bench.py)
 
-Chain on is the service as it is (service/sql/quota.sql `take`, on `bench_chain_on`). Chain off is the take
+Chain on is the service as it is (service/quota/takes.sql `take`, on `bench_chain_on`). Chain off is the take
 statement from before the chain (bench/take_unchained.sql: no id drawn in the UPDATE, no hash, no
 head), run by the very same take() and the very same `quota-ledger serve` on `bench_chain_off`, a
 copy of the same schema whose `ledger.hash` accepts NULL. Both databases are seeded alike (100,000

@@ -99,8 +99,8 @@ def product_key(ql_url: str, name: str = "bench") -> str:
 
 
 def use_take_statement(sql: str) -> None:
-    """Make take() run `sql` instead of service/sql's `take` in this process (bench/chain_bench.py's
-    chain-off side; never done by the service)."""
+    """Make take() run `sql` instead of service/quota/takes.sql's `take` in this process
+    (bench/chain_bench.py's chain-off side; never done by the service)."""
     from service.db import Q
 
     Q._q["take"] = sql
@@ -166,7 +166,7 @@ def run_takes(
 
 
 def our_take_script(tmp: Path, *, hot: bool, sql: str | None = None, stem: str = "take_ours") -> Path:
-    """Our `take` statement (service/sql/quota.sql) as a pgbench script: the database-side cost of
+    """Our `take` statement (service/quota/takes.sql) as a pgbench script: the database-side cost of
     our schema (text ids, generated limit columns, a wider ledger row with three indexes) with no
     Python in the loop, for comparison with the baseline's statement."""
     from service.db import Q

@@ -1,6 +1,6 @@
 -- depends: 0005.domains
 -- One definition of "an account's stored plan limits follow its tier", for the statements that change
--- a tier: accounts.apply_plan (service/sql/quota.sql) and the one-statement webhook delivery
+-- a tier: accounts.apply_plan (service/quota/accounts.sql) and the one-statement webhook delivery
 -- (subscription_delivery in service/sql/billing.sql), which each carried their own copy of it.
 --
 -- Brings the account's counter rows in line with the limits of `p_plan` (an unknown plan gets the

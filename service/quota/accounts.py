@@ -47,13 +47,21 @@ class MetricView:
 
 
 @dataclass(frozen=True, kw_only=True)
-class AccountView:
+class Account:
+    """An account as stored."""
+
     id: str
     kind: str
     plan: str
     subscription_status: str
     stripe_customer_id: str | None
     deleted: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class AccountView(Account):
+    """The account with one MetricView per metric of the plan config."""
+
     limits: list[MetricView] = field(default_factory=list)
 
     @property
@@ -70,19 +78,25 @@ def _limit_params(plans: PlanConfig, plan: str) -> dict[str, object]:
     }
 
 
-def ensure_quotas(conn: Connection, plans: PlanConfig, *, account_id: str, period: str | None = None) -> None:
-    """Create the counter rows that `account_id` lacks, with its plan's limits."""
-    with conn.cursor(row_factory=dict_row) as cur:
+def find_account(conn: Connection, *, account_id: str) -> Account:
+    """The stored account, or UnknownAccount."""
+    with conn.cursor(row_factory=class_row(Account)) as cur:
         acct = cur.execute(Q.account_get, {"account_id": account_id}).fetchone()
     if acct is None:
         raise UnknownAccount(f"unknown account {account_id!r}")
+    return acct
+
+
+def ensure_quotas(conn: Connection, plans: PlanConfig, *, account_id: str, period: str | None = None) -> None:
+    """Create the counter rows that `account_id` lacks, with its plan's limits."""
+    acct = find_account(conn, account_id=account_id)
     conn.execute(
         Q.ensure_quotas,
         {
             "account_id": account_id,
             "period": period or periods.current_period(),
             "free_plan": plans.free_plan,
-            **_limit_params(plans, acct["plan"]),
+            **_limit_params(plans, acct.plan),
         },
     )
 
@@ -93,8 +107,8 @@ def upsert_account(
     """Create the account on the free plan, or update its kind and customer link. True if created.
     A deleted account raises AccountDeleted; a customer linked elsewhere CustomerAlreadyLinked."""
     try:
-        with transaction(conn):
-            row = conn.execute(
+        with transaction(conn), conn.cursor(row_factory=dict_row) as cur:
+            row = cur.execute(
                 Q.account_upsert,
                 {
                     "account_id": account_id,
@@ -110,7 +124,7 @@ def upsert_account(
         raise CustomerAlreadyLinked(
             f"Stripe customer {stripe_customer_id!r} is already linked to another account"
         ) from None
-    return bool(row[0])
+    return bool(row["created"])
 
 
 def get_account(
@@ -118,10 +132,7 @@ def get_account(
 ) -> AccountView:
     """The account with one MetricView per metric of the plan config."""
     period = period or periods.current_period()
-    with conn.cursor(row_factory=dict_row) as cur:
-        acct = cur.execute(Q.account_get, {"account_id": account_id}).fetchone()
-    if acct is None:
-        raise UnknownAccount(f"unknown account {account_id!r}")
+    acct = find_account(conn, account_id=account_id)
     params = {"account_id": account_id, "period": period, "metrics": list(plans.metrics)}
     with conn.cursor(row_factory=class_row(MetricView)) as cur:
         limits = cur.execute(Q.account_quotas, params).fetchall()
@@ -129,7 +140,7 @@ def get_account(
         ensure_quotas(conn, plans, account_id=account_id, period=period)
         with conn.cursor(row_factory=class_row(MetricView)) as cur:
             limits = cur.execute(Q.account_quotas, params).fetchall()
-    return AccountView(**acct, limits=limits)
+    return AccountView(**vars(acct), limits=limits)
 
 
 def apply_plan(
@@ -139,17 +150,9 @@ def apply_plan(
     in one statement (an audit row per changed counter, a lapse-only change included); returns the
     number of counters changed. Never touches usage, the ledger or overrides. Inside the caller's
     transaction if there is one."""
-    row = conn.execute(
-        Q.apply_plan,
-        {
-            "account_id": account_id,
-            "plan": plan,
-            "status": status,
-            "actor": actor,
-            **plans.limit_table,
-        },
-    ).fetchone()
-    if row is None or not row[0]:
+    params = {"account_id": account_id, "plan": plan, "status": status, "actor": actor, **plans.limit_table}
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(Q.apply_plan, params).fetchone()
+    if row is None or not row["found"]:
         raise UnknownAccount(f"unknown account {account_id!r}")
-    changes: int = row[1]  # type: ignore[assignment]
-    return changes
+    return int(row["limit_changes"])

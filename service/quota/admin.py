@@ -3,14 +3,15 @@ audited, in the transaction that makes it, so `/v1/audit` is the one list of wha
 
 from __future__ import annotations
 
-from psycopg.types.json import Jsonb
+from psycopg.rows import dict_row
 
+from service import audit
 from service.billing.plans import PlanConfig
 from service.db import Connection, Q, transaction
-from service.errors import AccountDeleted, UnknownAccount
+from service.errors import AccountDeleted
 from service.quota import periods
-from service.quota.accounts import ensure_quotas, require_metric
-from service.quota.takes import ROLLOVER_ACTOR
+from service.quota.accounts import ensure_quotas, find_account, require_metric
+from service.quota.takes import roll_over
 
 
 def reset_counter(
@@ -27,27 +28,22 @@ def reset_counter(
     require_metric(plans, metric)
     period = period or periods.current_period()
     params = {"account_id": account_id, "metric": metric, "period": period, "actor": actor}
-    acct = conn.execute(Q.account_get, params).fetchone()
-    if acct is None:
-        raise UnknownAccount(f"unknown account {account_id!r}")
-    if acct[5]:
+    if find_account(conn, account_id=account_id).deleted:
         raise AccountDeleted(f"account {account_id!r} was deleted")
     ensure_quotas(conn, plans, account_id=account_id, period=period)
-    with transaction(conn):
+    with transaction(conn), conn.cursor(row_factory=dict_row) as cur:
         # A counter still in an earlier month is first opened into this one, as a take would.
-        conn.execute(Q.roll_over, {**params, "actor": ROLLOVER_ACTOR})
-        row = conn.execute(Q.admin_reset, params).fetchone()
-        previous = int(row[1]) if row else 0  # type: ignore[call-overload]
-        conn.execute(
-            Q.audit,
-            {
-                "actor": actor,
-                "action": "counter_reset",
-                "account_id": account_id,
-                "metric": metric,
-                "old": Jsonb({"used": previous, "period": period}),
-                "new": Jsonb({"used": 0, "period": period, "ledger_id": row[0] if row else None}),
-            },
+        roll_over(conn, account_id=account_id, metric=metric, period=period)
+        row = cur.execute(Q.admin_reset, params).fetchone()  # none: the counter held nothing
+        previous = int(row["previous"]) if row else 0
+        audit.record(
+            conn,
+            actor=actor,
+            action="counter_reset",
+            account_id=account_id,
+            metric=metric,
+            old={"used": previous, "period": period},
+            new={"used": 0, "period": period, "ledger_id": row["id"] if row else None},
         )
     return previous
 
@@ -59,20 +55,16 @@ def soft_delete(conn: Connection, *, account_id: str, actor: str) -> bool:
     params = {"account_id": account_id}
     with transaction(conn):
         if conn.execute(Q.soft_delete_account, params).fetchone() is None:
-            if conn.execute(Q.account_get, params).fetchone() is None:
-                raise UnknownAccount(f"unknown account {account_id!r}")
+            find_account(conn, account_id=account_id)  # UnknownAccount, or it is as asked already
             return False
         conn.execute(Q.soft_delete_quotas, params)
-        conn.execute(
-            Q.audit,
-            {
-                "actor": actor,
-                "action": "account_deleted",
-                "account_id": account_id,
-                "metric": None,
-                "old": Jsonb({"deleted": False}),
-                "new": Jsonb({"deleted": True}),
-            },
+        audit.record(
+            conn,
+            actor=actor,
+            action="account_deleted",
+            account_id=account_id,
+            old={"deleted": False},
+            new={"deleted": True},
         )
     return True
 
@@ -84,19 +76,15 @@ def restore(conn: Connection, *, account_id: str, actor: str) -> bool:
     params = {"account_id": account_id}
     with transaction(conn):
         if conn.execute(Q.restore_account, params).fetchone() is None:
-            if conn.execute(Q.account_get, params).fetchone() is None:
-                raise UnknownAccount(f"unknown account {account_id!r}")
+            find_account(conn, account_id=account_id)  # UnknownAccount, or it is as asked already
             return False
         conn.execute(Q.restore_quotas, params)
-        conn.execute(
-            Q.audit,
-            {
-                "actor": actor,
-                "action": "account_restored",
-                "account_id": account_id,
-                "metric": None,
-                "old": Jsonb({"deleted": True}),
-                "new": Jsonb({"deleted": False}),
-            },
+        audit.record(
+            conn,
+            actor=actor,
+            action="account_restored",
+            account_id=account_id,
+            old={"deleted": True},
+            new={"deleted": False},
         )
     return True

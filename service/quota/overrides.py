@@ -4,8 +4,8 @@ that changes nothing (clearing an override that is not set, setting the value it
 from __future__ import annotations
 
 from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
 
+from service import audit
 from service.billing.plans import PlanConfig
 from service.db import Connection, Q, transaction
 from service.errors import UnknownAccount
@@ -43,15 +43,8 @@ def _change(
         cur.execute(
             Q.set_override, {**params, "override_set": override_set, "override_limit": override_limit}
         )
-        cur.execute(
-            Q.audit,
-            {
-                **params,
-                "actor": actor,
-                "action": action,
-                "old": Jsonb(previous),
-                "new": Jsonb(new),
-            },
+        audit.record(
+            conn, actor=actor, action=action, account_id=account_id, metric=metric, old=previous, new=new
         )
     return previous
 

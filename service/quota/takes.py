@@ -127,7 +127,7 @@ def take(
         if counter.period is None:
             _create_counter(conn, plans, attempt)
         elif counter.period < attempt.period:
-            _roll_over(conn, attempt)
+            roll_over(conn, account_id=attempt.account_id, metric=attempt.metric, period=attempt.period)
         elif counter.period > attempt.period:  # another server's clock already opened the next month
             attempt = replace(attempt, period=counter.period)
     # the counter kept changing (releases racing the diagnosis): refuse with the last state seen
@@ -181,9 +181,11 @@ def _create_counter(conn: Connection, plans: PlanConfig, attempt: _Attempt) -> N
     ensure_quotas(conn, plans, account_id=attempt.account_id, period=attempt.period)
 
 
-def _roll_over(conn: Connection, attempt: _Attempt) -> None:
-    """The counter is still in an earlier month: open this one from zero, with its reset row."""
-    conn.execute(Q.roll_over, {**vars(attempt), "actor": ROLLOVER_ACTOR})
+def roll_over(conn: Connection, *, account_id: str, metric: str, period: str) -> None:
+    """Open `period` on a counter still in an earlier month: from zero, with the reset row of what
+    it cleared (none if it held nothing). A counter already in `period` is left alone."""
+    params = {"account_id": account_id, "metric": metric, "period": period, "actor": ROLLOVER_ACTOR}
+    conn.execute(Q.roll_over, params)
 
 
 def _exhausted(attempt: _Attempt, counter: _Counter, message: str) -> QuotaExhausted:

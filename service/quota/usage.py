@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from psycopg.rows import dict_row
+
 from service.billing.plans import PlanConfig
 from service.db import Connection, Q
-from service.errors import UnknownAccount
 from service.quota import periods
-from service.quota.accounts import require_metric
+from service.quota.accounts import find_account, require_metric
 
 
 def usage(
@@ -17,11 +18,9 @@ def usage(
     require_metric(plans, metric)
     current = periods.current_period()
     period = period or current
+    find_account(conn, account_id=account_id)  # UnknownAccount
     params = {"account_id": account_id, "metric": metric, "period": period}
-    if conn.execute(Q.account_get, params).fetchone() is None:
-        raise UnknownAccount(f"unknown account {account_id!r}")
-    if period >= current:
-        row = conn.execute(Q.usage_open, params).fetchone()
-        return int(row[0]) if row else 0  # type: ignore[call-overload]
-    row = conn.execute(Q.usage_from_ledger, params).fetchone()
-    return int(row[0]) if row else 0  # type: ignore[call-overload]
+    query = Q.usage_open if period >= current else Q.usage_from_ledger
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(query, params).fetchone()
+    return int(row["used"]) if row else 0
