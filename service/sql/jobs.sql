@@ -88,6 +88,9 @@ SELECT (SELECT count(*) FROM opened) + (SELECT count(*) FROM emptied) AS counter
          ORDER BY period DESC, account_id DESC, metric DESC
          LIMIT 1) AS last ON true
 
+-- name: analyze_after_bulk_write
+SELECT analyze_after_bulk_write()
+
 -- name: reset_pending
 -- Is any live counter still in an earlier period? Checked from the start of the index before a run
 -- is marked done, so a counter the cursor passed over (or created behind it) is not missed.
