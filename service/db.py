@@ -3,8 +3,7 @@
 Where a query lives: in the .sql file beside the module that runs it, named like it
 (service/quota/takes.py runs service/quota/takes.sql; service/keys.py, service/keys.sql). A query
 another module needs is reached through a function of its own module, not run from elsewhere.
-service/sql/ holds the files not yet moved by that rule (billing.sql, jobs.sql). Every file is
-loaded once into `Q`, and a query name used twice is refused.
+Every file is loaded once into `Q`, and a query name used twice is refused.
 """
 
 from __future__ import annotations
