@@ -1,7 +1,7 @@
 -- depends: 0005.domains
 -- One definition of "an account's stored plan limits follow its tier", for the statements that change
 -- a tier: accounts.apply_plan (service/quota/accounts.sql) and the one-statement webhook delivery
--- (subscription_delivery in service/sql/billing.sql), which each carried their own copy of it.
+-- (subscription_delivery in service/billing/apply.sql), which each carried their own copy of it.
 --
 -- Brings the account's counter rows in line with the limits of `p_plan` (an unknown plan gets the
 -- free plan's, as PlanConfig.limit does) and with `p_lapsed`: touches only rows whose values differ,
