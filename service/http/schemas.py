@@ -171,6 +171,16 @@ class RevenueCatDelivery(Schema):
 # Responses.
 
 
+class Counter(Schema):
+    """A counter as every answer shows it: `remaining` is max(limit - used, 0), null when unlimited."""
+
+    limit = fields.Integer(allow_none=True, metadata={"description": "null = unlimited"})
+    limit_source = fields.String(validate=validate.OneOf(LIMIT_SOURCES))
+    used = fields.Integer()
+    remaining = fields.Integer(allow_none=True)
+    period = fields.String()
+
+
 class Error(Schema):
     error = fields.String(required=True, metadata={"description": "stable error code"})
     message = fields.String(required=True)
@@ -185,23 +195,13 @@ class InvalidRequest(Error):
     )
 
 
-class Conflict(Error):
+class Conflict(Error, Counter):
     """quota_exhausted carries the counter as it stood; idempotency_key_reused the earlier take."""
 
-    used = fields.Integer()
-    limit = fields.Integer(allow_none=True)
-    remaining = fields.Integer(allow_none=True)
-    period = fields.String()
-    limit_source = fields.String(validate=validate.OneOf(LIMIT_SOURCES))
     take_id = fields.Integer()
 
 
-class MetricLimit(Schema):
-    limit = fields.Integer(allow_none=True, metadata={"description": "null = unlimited"})
-    limit_source = fields.String(validate=validate.OneOf(LIMIT_SOURCES))
-    used = fields.Integer()
-    remaining = fields.Integer(allow_none=True)
-    period = fields.String()
+class MetricLimit(Counter):
     resets_at = fields.String()
 
 
@@ -234,30 +234,18 @@ class AdminAccount(Account):
     limits = fields.Dict(keys=fields.String(), values=fields.Nested(AdminMetricLimit), attribute="by_metric")
 
 
-class TakeResponse(Schema):
+class TakeResponse(Counter):
     take_id = fields.Integer()
     metric = fields.String()
     units = fields.Integer()
-    used = fields.Integer()
-    limit = fields.Integer(allow_none=True)
-    remaining = fields.Integer(allow_none=True)
-    period = fields.String()
-    limit_source = fields.String(validate=validate.OneOf(LIMIT_SOURCES))
 
 
-class ReleaseResponse(Schema):
+class ReleaseResponse(TakeResponse):
     """`released: false` carries only `reason` and `take_id` (NOT_RELEASED below)."""
 
     released = fields.Boolean()
     reason = fields.String(validate=validate.OneOf(["already_released", "period_closed"]))
-    take_id = fields.Integer()
-    metric = fields.String()
     units = fields.Integer(metadata={"description": "units actually given back"})
-    used = fields.Integer()
-    limit = fields.Integer(allow_none=True)
-    remaining = fields.Integer(allow_none=True)
-    period = fields.String()
-    limit_source = fields.String(validate=validate.OneOf(LIMIT_SOURCES))
 
 
 class UsageResponse(Schema):

@@ -52,39 +52,36 @@ def soft_delete(conn: Connection, *, account_id: str, actor: str) -> bool:
     """Mark the account deleted: takes are refused (410) and resets skip it. Its ledger stays.
     True if this call deleted it; False if it was deleted already, and then nothing is written (the
     audit log records only what happened). UnknownAccount if there is no such account."""
-    params = {"account_id": account_id}
-    with transaction(conn):
-        if conn.execute(Q.soft_delete_account, params).fetchone() is None:
-            find_account(conn, account_id=account_id)  # UnknownAccount, or it is as asked already
-            return False
-        conn.execute(Q.soft_delete_quotas, params)
-        audit.record(
-            conn,
-            actor=actor,
-            action="account_deleted",
-            account_id=account_id,
-            old={"deleted": False},
-            new={"deleted": True},
-        )
-    return True
+    return _set_deleted(conn, account_id=account_id, actor=actor, deleted=True)
 
 
 def restore(conn: Connection, *, account_id: str, actor: str) -> bool:
     """Undo a soft delete: takes are accepted again and resets include the account (a counter left
     in an earlier month is rolled over by its next take). False, and no audit row, when the account
     was not deleted: the audit log records only what changed."""
+    return _set_deleted(conn, account_id=account_id, actor=actor, deleted=False)
+
+
+def _set_deleted(conn: Connection, *, account_id: str, actor: str, deleted: bool) -> bool:
+    """The account row, then its counters' copy of the flag, then the audit row, in one
+    transaction; nothing at all when the account already is as asked."""
+    account_q, quotas_q, action = (
+        (Q.soft_delete_account, Q.soft_delete_quotas, "account_deleted")
+        if deleted
+        else (Q.restore_account, Q.restore_quotas, "account_restored")
+    )
     params = {"account_id": account_id}
     with transaction(conn):
-        if conn.execute(Q.restore_account, params).fetchone() is None:
+        if conn.execute(account_q, params).fetchone() is None:
             find_account(conn, account_id=account_id)  # UnknownAccount, or it is as asked already
             return False
-        conn.execute(Q.restore_quotas, params)
+        conn.execute(quotas_q, params)
         audit.record(
             conn,
             actor=actor,
-            action="account_restored",
+            action=action,
             account_id=account_id,
-            old={"deleted": True},
-            new={"deleted": False},
+            old={"deleted": not deleted},
+            new={"deleted": deleted},
         )
     return True
