@@ -133,7 +133,8 @@ def check_connection(conn: Connection) -> None:
     """The pool's check of a connection it hands out, without a round trip in the usual case: an
     idle connection has nothing to read unless the server closed it (a restart or failover sends a
     FATAL message and closes the socket). Only then does the round trip of psycopg_pool's own check
-    decide. A round trip on every checkout cost 0.2-0.3 ms of CPU per HTTP take (README)."""
+    decide: a round trip on every checkout is a measurable share of an HTTP take's CPU
+    (bench/README.md, "Database outages")."""
     if conn.closed:
         raise psycopg.OperationalError("the connection is closed")
     readable, _, _ = select.select([conn.fileno()], [], [], 0)
