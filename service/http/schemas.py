@@ -254,12 +254,11 @@ class UsageResponse(Schema):
     used = fields.Integer()
 
 
-class ResetResponse(Schema):
+class ResetResponse(UsageResponse):
+    """The usage after an admin reset (0), and what it cleared."""
+
     account_id = fields.String()
-    metric = fields.String()
-    period = fields.String()
     previous = fields.Integer()
-    used = fields.Integer()
 
 
 class DeleteResponse(Schema):
