@@ -145,11 +145,20 @@ def take(
     )
 
 
-def release(conn: Connection, *, take_id: int, actor: str, period: str | None = None) -> Release:
+def release(
+    conn: Connection, *, take_id: int, actor: str, period: str | None = None, account_id: str | None = None
+) -> Release:
     """Give back a take's units, once. A take from a closed period or already released moves
-    nothing and says why; an unknown take raises UnknownTake."""
+    nothing and says why; an unknown take (or one of another account than `account_id`) raises
+    UnknownTake. Naming the account keeps a release on its shard under Citus; without it, the
+    take's account is looked up first."""
     period = period or periods.current_period()
-    params = {"take_id": take_id, "period": period, "actor": actor}
+    if account_id is None:
+        found = conn.execute(Q.take_account, {"take_id": take_id}).fetchone()
+        if found is None:
+            raise UnknownTake(f"unknown take {take_id}")
+        account_id = str(found[0])
+    params = {"take_id": take_id, "period": period, "actor": actor, "account_id": account_id}
     try:
         with conn.cursor(row_factory=class_row(Release)) as cur:
             done = cur.execute(Q.release, params).fetchone()

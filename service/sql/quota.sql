@@ -82,17 +82,19 @@ SELECT chain_id, chain_at, account_id, metric, %(period)s, 'reset', cleared, 0, 
 -- name: release
 -- Gives a take's units back, once, in the take's own period only, never below zero. The counter row
 -- is locked first so `held.used` is current; a concurrent second release of the same take fails on
--- the unique index (one release per take), which aborts its whole statement.
+-- the unique index (one release per take), which aborts its whole statement. Named by account and
+-- take: every table is filtered on the account, so that Citus routes it to one shard (take_account
+-- finds the account of a take named alone).
 WITH taken AS (
     SELECT t.account_id, t.metric, t.period, t.units, t.id
       FROM ledger t
-     WHERE t.id = %(take_id)s AND t.kind = 'take' AND t.period = %(period)s
+     WHERE t.account_id = %(account_id)s AND t.id = %(take_id)s AND t.kind = 'take' AND t.period = %(period)s
        AND NOT EXISTS (SELECT 1 FROM ledger r
-                        WHERE r.account_id = t.account_id AND r.kind = 'release' AND r.take_id = t.id)
+                        WHERE r.account_id = %(account_id)s AND r.kind = 'release' AND r.take_id = t.id)
 ), held AS (
     SELECT q.account_id, q.metric, q.used, taken.units, taken.id AS take_id
       FROM quotas q JOIN taken ON q.account_id = taken.account_id AND q.metric = taken.metric
-     WHERE q.period = taken.period
+     WHERE q.account_id = %(account_id)s AND q.period = taken.period
        FOR UPDATE OF q
 ), given AS (
     -- greatest(..., 0) never changes what is written: `held` locked the newest row version, so there
@@ -109,7 +111,7 @@ WITH taken AS (
                                   NULL, held.take_id, NULL, %(actor)s)
                  FROM (SELECT nextval('ledger_id_seq') AS id, clock_timestamp() AS at) AS e)
       FROM held
-     WHERE q.account_id = held.account_id AND q.metric = held.metric
+     WHERE q.account_id = %(account_id)s AND q.account_id = held.account_id AND q.metric = held.metric
  RETURNING q.account_id, q.metric, q.period, q.used, q.lim, q.limit_source,
            least(held.units, held.used) AS units, held.take_id,
            q.chain_id, q.chain_at, q.chain_prev, q.chain_hash
@@ -129,9 +131,14 @@ SELECT true AS released, g.take_id, g.account_id, g.metric, g.units, g.used, g.l
 -- name: release_refusal
 SELECT t.account_id, t.period,
        EXISTS (SELECT 1 FROM ledger r
-                WHERE r.account_id = t.account_id AND r.kind = 'release' AND r.take_id = t.id) AS released
+                WHERE r.account_id = %(account_id)s AND r.kind = 'release' AND r.take_id = t.id) AS released
   FROM ledger t
- WHERE t.id = %(take_id)s AND t.kind = 'take'
+ WHERE t.account_id = %(account_id)s AND t.id = %(take_id)s AND t.kind = 'take'
+
+-- name: take_account
+-- The account of a take named by its id alone (the route without the account): on Citus, the one
+-- statement of a release that asks every shard, by the ledger_id index on each.
+SELECT account_id FROM ledger WHERE id = %(take_id)s AND kind = 'take'
 
 -- name: account_upsert
 -- xmax = 0 only on a freshly inserted row: tells "created" from "existed" in one statement.
@@ -140,7 +147,7 @@ VALUES (%(account_id)s, %(kind)s, %(plan)s, %(stripe_customer_id)s)
 ON CONFLICT (id) DO UPDATE
    SET kind = EXCLUDED.kind,
        stripe_customer_id = coalesce(EXCLUDED.stripe_customer_id, accounts.stripe_customer_id),
-       updated_at = now()
+       updated_at = EXCLUDED.updated_at  -- its default, now(): Citus takes no now() in DO UPDATE
  WHERE NOT accounts.deleted
 RETURNING (xmax = 0) AS created
 

@@ -1,0 +1,37 @@
+"""The suite on a Citus cluster.
+
+`QUOTA_TEST_CITUS=1 pytest -m citus` (what .ci/run does after its plain run) starts a local cluster
+(tests/citus/cluster.py) and runs the tests marked `citus` against it: every test database is a clone
+of one migrated cluster database, so migration 0012 has distributed the tables. The marked subset is
+the tests in CLUSTER_SUITE (the per-account operations, their races, the jobs, finance) plus
+tests/citus itself, which checks what only a cluster shows (router plans, append-only on shards).
+"""
+
+from __future__ import annotations
+
+import os
+
+CITUS_ENV = "QUOTA_TEST_CITUS"
+# Modules of the suite that also run on the cluster, marked `citus` at collection (tests/conftest.py).
+CLUSTER_SUITE = (
+    "tests/db/test_takes.py",
+    "tests/db/test_race.py",
+    "tests/db/test_idempotency.py",
+    "tests/db/test_rollover.py",
+    "tests/db/test_append_only.py",
+    "tests/db/test_chain.py",
+    "tests/http/test_takes.py",
+    "tests/http/test_admin.py",
+    "tests/http/test_finance_api.py",
+    "tests/http/test_usage.py",
+    "tests/http/test_accounts.py",
+    "tests/workers/test_reset.py",
+    "tests/workers/test_plan_sync.py",
+    "tests/webhooks/test_ordering.py",
+    "tests/webhooks/test_replay.py",
+)
+
+
+def on_cluster() -> bool:
+    """Whether this run's databases are on a Citus cluster."""
+    return os.environ.get(CITUS_ENV, "") not in ("", "0")

@@ -25,7 +25,9 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -46,7 +48,9 @@ max_connections = 300
 fsync = off
 full_page_writes = off
 max_prepared_transactions = 200
-citus.log_remote_commands = off
+# Tests and benchmarks of one machine: a few shards per worker are what routing needs to show, and
+# a cloned test database copies every shard.
+citus.shard_count = 4
 """
 
 
@@ -132,16 +136,49 @@ class Cluster:
         return self.url(name)
 
     def clone_database(self, template: str, name: str) -> str:
-        """`template` copied on every node: the coordinator's metadata and the workers' shards."""
-        for port in self.ports:
+        """`template` copied on every node: the coordinator's metadata and the workers' shards.
+
+        Citus keeps sessions of its own in a database it was used in (its maintenance daemon, the
+        coordinator's cached connections to the workers), and a template must have none: they are
+        ended, and the copy retried if one came back meanwhile."""
+
+        def copy(port: int) -> None:
             with psycopg.connect(self.node_url(port), autocommit=True) as c:
-                c.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+                for attempt in range(50):
+                    c.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                        " WHERE datname = %s AND pid <> pg_backend_pid()",
+                        (template,),
+                    )
+                    try:
+                        c.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}" STRATEGY FILE_COPY')
+                        return
+                    except psycopg.errors.ObjectInUse:
+                        if attempt == 49:
+                            raise
+                        time.sleep(0.05)
+
+        self._each_node(copy)
         return self.url(name)
 
     def drop_database(self, name: str) -> None:
-        for port in self.ports:
+        def drop(port: int) -> None:
             with psycopg.connect(self.node_url(port), autocommit=True) as c:
-                c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                for attempt in range(100):  # FORCE ends sessions, not Citus's maintenance daemon
+                    try:
+                        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                        return
+                    except psycopg.errors.ObjectInUse:
+                        if attempt == 99:
+                            raise
+                        time.sleep(0.05)
+
+        self._each_node(drop)
+
+    def _each_node(self, work: Callable[[int], None]) -> None:
+        with ThreadPoolExecutor(max_workers=len(self.ports)) as pool:
+            for done in [pool.submit(work, port) for port in self.ports]:
+                done.result()
 
     def stop(self) -> None:
         for i in reversed(range(len(self.ports))):

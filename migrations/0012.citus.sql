@@ -1,0 +1,68 @@
+-- depends: 0009.ledger_chain
+-- Scale out on Citus (README "Scaling out"). On plain PostgreSQL this migration does nothing: the
+-- schema there is already keyed by account. When the `citus` extension is present in the database
+-- (CREATE EXTENSION citus, its workers added, before `migrate`), it distributes the tables:
+--
+-- * accounts, quotas, ledger, audit_log: distributed by account (accounts.id, the others'
+--   account_id), co-located, so that every per-account statement, the take's UPDATE + INSERT
+--   included, runs on one shard with its full transactional guarantees. Their unique indexes all
+--   start with account_id, so each is enforced on its shard: one take per idempotency key, one
+--   release per take, one period opening per counter.
+-- * api_keys, job_runs, and the billing tables (webhook_events, subscriptions, customer_links):
+--   reference tables, a copy on every node. The first two are tiny and read by everyone. The billing
+--   ones are found by provider ids, not by account (an event's account is known only once it is
+--   resolved; a subscription moves between accounts), and a reference table joins any one account's
+--   shard on that shard, so a delivery's effect on its account stays on one shard; the price is a
+--   write on every node per delivery (webhooks are rare next to takes).
+--
+-- What Citus requires, and why each change keeps the guarantee:
+-- * Co-location needs one type for the distribution columns: accounts.id goes back from the
+--   account_key domain (0005) to text, with the same rule as a table CHECK.
+-- * A unique constraint on a distributed table must contain the distribution column, so
+--   UNIQUE (stripe_customer_id) cannot stay (README "Scaling out" says what holds instead).
+-- * Foreign keys from a reference table to a distributed one are refused: subscriptions' and
+--   customer_links' to accounts go (every writer resolves the account through accounts first,
+--   under its row lock). quotas' stays: it joins two co-located tables on the distribution column.
+-- * Triggers on distributed tables: Citus runs them on each shard when allowed
+--   (citus.enable_unsafe_triggers, for this transaction: the triggers are copied to the shards as
+--   they are created). The append-only triggers only refuse, they touch no other shard, which is
+--   what makes them safe; tests/citus checks UPDATE, DELETE and TRUNCATE are refused on the cluster.
+-- * Writers draw ledger ids with nextval('ledger_id_seq') in the counter's UPDATE; Citus evaluates
+--   it on the coordinator before routing the statement, so ids stay one sequence, in chain order per
+--   counter (tests/citus).
+-- * Grants on the tables are copied to their shards and reference copies when they are created.
+DO $$
+DECLARE
+    has_citus boolean := EXISTS (SELECT FROM pg_extension WHERE extname = 'citus');
+BEGIN
+    IF NOT has_citus THEN
+        RETURN;
+    END IF;
+    PERFORM set_config('citus.enable_unsafe_triggers', 'on', true);
+    -- One connection per worker for the whole migration: DDL and shard creation in one transaction
+    -- that also touches tables with foreign keys must not fan out over several connections.
+    PERFORM set_config('citus.multi_shard_modify_mode', 'sequential', true);
+
+    ALTER TABLE subscriptions DROP CONSTRAINT subscriptions_account_id_fkey;
+    ALTER TABLE customer_links DROP CONSTRAINT customer_links_account_id_fkey;
+    ALTER TABLE quotas DROP CONSTRAINT quotas_account_id_fkey;
+    ALTER TABLE accounts DROP CONSTRAINT accounts_stripe_customer_id_key;
+    ALTER TABLE accounts
+        ALTER COLUMN id TYPE text,
+        ADD CONSTRAINT accounts_id_check CHECK (id ~ '^[A-Za-z0-9._:@-]{1,128}$');
+    CREATE INDEX accounts_stripe_customer ON accounts (stripe_customer_id)
+        WHERE stripe_customer_id IS NOT NULL;
+
+    PERFORM create_distributed_table('accounts', 'id');
+    PERFORM create_distributed_table('quotas', 'account_id', colocate_with => 'accounts');
+    ALTER TABLE quotas ADD CONSTRAINT quotas_account_id_fkey FOREIGN KEY (account_id) REFERENCES accounts (id);
+    PERFORM create_distributed_table('ledger', 'account_id', colocate_with => 'accounts');
+    PERFORM create_distributed_table('audit_log', 'account_id', colocate_with => 'accounts');
+
+    PERFORM create_reference_table('api_keys');
+    PERFORM create_reference_table('job_runs');
+    PERFORM create_reference_table('webhook_events');
+    PERFORM create_reference_table('subscriptions');
+    PERFORM create_reference_table('customer_links');
+END
+$$;
