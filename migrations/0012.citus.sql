@@ -27,9 +27,13 @@
 --   (citus.enable_unsafe_triggers, for this transaction: the triggers are copied to the shards as
 --   they are created). The append-only triggers only refuse, they touch no other shard, which is
 --   what makes them safe; tests/citus checks UPDATE, DELETE and TRUNCATE are refused on the cluster.
--- * Writers draw ledger ids with nextval('ledger_id_seq') in the counter's UPDATE; Citus evaluates
---   it on the coordinator before routing the statement, so ids stay one sequence, in chain order per
---   counter (tests/citus).
+-- * Writers draw ledger ids with nextval('ledger_id_seq') in the counter's UPDATE. PostgreSQL draws
+--   it again after a lock wait (0009: chain order is id order); Citus draws it once, on the
+--   coordinator, before it routes the statement to the shard, so a writer that waited for the
+--   counter's row could chain an id lower than the one before it (and a take could land "before" a
+--   reset it followed). quotas_chain_in_id_order refuses that on the shard with SQLSTATE 40001
+--   (serialization_failure): the statement rolls back whole and the writer runs it again with a
+--   new id (service/quota/takes.py). Ids stay one sequence, in chain order per counter.
 -- * Grants on the tables are copied to their shards and reference copies when they are created.
 DO $$
 DECLARE
@@ -52,6 +56,23 @@ BEGIN
         ADD CONSTRAINT accounts_id_check CHECK (id ~ '^[A-Za-z0-9._:@-]{1,128}$');
     CREATE INDEX accounts_stripe_customer ON accounts (stripe_customer_id)
         WHERE stripe_customer_id IS NOT NULL;
+
+    -- The error names the table, not the shard that raised it (ledger_102008).
+    CREATE OR REPLACE FUNCTION refuse_append_only_change() RETURNS trigger LANGUAGE plpgsql AS $f$
+    BEGIN
+        RAISE EXCEPTION '% is append-only: % refused', regexp_replace(TG_TABLE_NAME, '_[0-9]+$', ''), TG_OP
+            USING ERRCODE = 'insufficient_privilege';
+    END
+    $f$;
+    CREATE FUNCTION quotas_chain_in_id_order() RETURNS trigger LANGUAGE plpgsql AS $f$
+    BEGIN
+        RAISE EXCEPTION 'ledger id % was drawn before the counter''s newest row % was written; draw again',
+                        NEW.chain_id, OLD.chain_id
+            USING ERRCODE = 'serialization_failure';
+    END
+    $f$;
+    CREATE TRIGGER quotas_chain_in_id_order BEFORE UPDATE ON quotas FOR EACH ROW
+        WHEN (NEW.chain_id < OLD.chain_id) EXECUTE FUNCTION quotas_chain_in_id_order();
 
     PERFORM create_distributed_table('accounts', 'id');
     PERFORM create_distributed_table('quotas', 'account_id', colocate_with => 'accounts');

@@ -10,7 +10,7 @@ from service.db import Connection, Q, transaction
 from service.errors import AccountDeleted, UnknownAccount, UnknownMetric
 from service.quota import periods
 from service.quota.accounts import ensure_quotas
-from service.quota.takes import ROLLOVER_ACTOR
+from service.quota.takes import ROLLOVER_ACTOR, redrawn
 
 
 def reset_counter(
@@ -34,11 +34,17 @@ def reset_counter(
     if acct[5]:
         raise AccountDeleted(f"account {account_id!r} was deleted")
     ensure_quotas(conn, plans, account_id=account_id, period=period)
+    return redrawn(lambda: _reset_counter(conn, params))
+
+
+def _reset_counter(conn: Connection, params: dict[str, str]) -> int:
     with transaction(conn):
         # A counter still in an earlier month is first opened into this one, as a take would.
         conn.execute(Q.roll_over, {**params, "actor": ROLLOVER_ACTOR})
         row = conn.execute(Q.admin_reset, params).fetchone()
         previous = int(row[1]) if row else 0  # type: ignore[call-overload]
+        actor, account_id = params["actor"], params["account_id"]
+        metric, period = params["metric"], params["period"]
         conn.execute(
             Q.audit,
             {

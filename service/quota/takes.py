@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import psycopg
 from psycopg.rows import class_row, dict_row
@@ -21,6 +23,7 @@ from service.quota import periods
 from service.quota.accounts import ensure_quotas
 
 ROLLOVER_ACTOR = "system:rollover"
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,6 +67,24 @@ class Release:
         return max(self.limit - self.used, 0)
 
 
+# A chain writer that lost the race for its counter on Citus runs again with a new ledger id
+# (migrations/0012): it may lose again to as many writers as wait on the same counter.
+REDRAWS = 100
+
+
+def redrawn(statement: Callable[[], R]) -> R:
+    """Run a ledger-writing statement (autocommit: it is its own transaction), again while Citus
+    refuses the ledger id it drew as older than its counter's newest row (quotas_chain_in_id_order,
+    migrations/0012). On plain PostgreSQL the id is drawn after the row lock and this never repeats."""
+    for attempt in range(REDRAWS):
+        try:
+            return statement()
+        except psycopg.errors.SerializationFailure:
+            if attempt == REDRAWS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 def take(
     conn: Connection,
     plans: PlanConfig,
@@ -95,7 +116,7 @@ def take(
     for _ in range(4):
         try:
             with conn.cursor(row_factory=class_row(Take)) as cur:
-                granted = cur.execute(Q.take, params).fetchone()
+                granted = redrawn(lambda: cur.execute(Q.take, params).fetchone())
         except psycopg.errors.UniqueViolation:
             granted = None  # the key was taken by an earlier (or concurrent, now committed) take
         if granted is not None:
@@ -116,7 +137,7 @@ def take(
             ensure_quotas(conn, plans, account_id=account_id, period=period)
             continue
         if why["period"] < period:
-            conn.execute(Q.roll_over, {**params, "actor": ROLLOVER_ACTOR})
+            redrawn(lambda: conn.execute(Q.roll_over, {**params, "actor": ROLLOVER_ACTOR}))
             continue
         if why["period"] > period:  # another server's clock already opened the next month
             params["period"] = period = why["period"]
@@ -161,7 +182,7 @@ def release(
     params = {"take_id": take_id, "period": period, "actor": actor, "account_id": account_id}
     try:
         with conn.cursor(row_factory=class_row(Release)) as cur:
-            done = cur.execute(Q.release, params).fetchone()
+            done = redrawn(lambda: cur.execute(Q.release, params).fetchone())
     except psycopg.errors.UniqueViolation:
         done = None  # a concurrent release of the same take committed first
     if done is not None:

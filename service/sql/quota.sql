@@ -64,13 +64,15 @@ WITH prior AS (
                                   prior.used, 0, NULL, NULL, 'period-open:' || %(period)s, %(actor)s)
                  FROM (SELECT nextval('ledger_id_seq') AS id, clock_timestamp() AS at) AS e)
       FROM prior
-     WHERE q.account_id = prior.account_id AND q.metric = prior.metric AND prior.used > 0
+     WHERE q.account_id = %(account_id)s AND q.account_id = prior.account_id AND q.metric = prior.metric
+       AND prior.used > 0
  RETURNING q.account_id, q.metric, prior.used AS cleared, q.chain_id, q.chain_at, q.chain_prev, q.chain_hash
 ), emptied AS (
     UPDATE quotas q
        SET period = %(period)s
       FROM prior
-     WHERE q.account_id = prior.account_id AND q.metric = prior.metric AND prior.used = 0
+     WHERE q.account_id = %(account_id)s AND q.account_id = prior.account_id AND q.metric = prior.metric
+       AND prior.used = 0
 )
 INSERT INTO ledger (id, at, account_id, metric, period, kind, units, used_after, idempotency_key, actor,
                     prev_hash, hash)

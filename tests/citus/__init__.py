@@ -31,6 +31,18 @@ CLUSTER_SUITE = (
     "tests/webhooks/test_replay.py",
 )
 
+# Tests of CLUSTER_SUITE that do not hold on the cluster yet, each with why (README "Scaling out",
+# "Not yet on Citus"): marked xfail(strict) there, so that one that starts passing is noticed.
+CLUSTER_GAPS: dict[str, str] = {
+    "tests/db/test_append_only.py::test_application_role_lacks_the_privilege": (
+        "SET ROLE to the NOLOGIN group quota_app: Citus opens the shards' connections as the current "
+        "role, which may not log in (the service's login role works: tests/citus)"
+    ),
+    "tests/db/test_append_only.py::test_application_role_can_read_and_append": (
+        "SET ROLE to the NOLOGIN group quota_app, as above"
+    ),
+}
+
 
 def on_cluster() -> bool:
     """Whether this run's databases are on a Citus cluster."""
