@@ -57,12 +57,23 @@ def post_take(id: str) -> tuple[Response, int]:
     return jsonify(take_json(granted)), 200 if granted.replayed else 201
 
 
+@bp.post("/accounts/<id>/takes/<int:take_id>/release")
+@require(*PRODUCT)
+def post_account_release(id: str, take_id: int) -> Response:
+    """The release route that names the account: one shard under Citus (README "Scaling out")."""
+    return _release(take_id, account_id(id))
+
+
 @bp.post("/takes/<int:take_id>/release")
 @require(*PRODUCT)
 def post_release(take_id: int) -> Response:
+    return _release(take_id, None)
+
+
+def _release(take_id: int, account: str | None) -> Response:
     rt = runtime()
     with rt.connection() as conn:
-        result = takes.release(conn, take_id=take_id, actor=actor())
+        result = takes.release(conn, take_id=take_id, actor=actor(), account_id=account)
     RELEASES.labels("released" if result.released else str(result.reason)).inc()
     return jsonify(release_json(result))
 

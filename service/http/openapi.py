@@ -40,6 +40,12 @@ OPERATIONS: dict[tuple[str, str], tuple[str, str, type[Schema] | None, dict[int,
         s.TakeRequest,
         {201: s.TakeResponse, 200: s.TakeResponse, 409: E, 410: E, **ERR},
     ),
+    ("post", "/v1/accounts/{id}/takes/{take_id}/release"): (
+        "Give a take's units back, once (the account's own route: one shard under Citus)",
+        "product",
+        None,
+        {200: s.ReleaseResponse, **ERR},
+    ),
     ("post", "/v1/takes/{take_id}/release"): (
         "Give a take's units back, once",
         "product",

@@ -21,6 +21,7 @@ CLUSTER_SUITE = (
     "tests/db/test_append_only.py",
     "tests/db/test_chain.py",
     "tests/http/test_takes.py",
+    "tests/http/test_release_route.py",
     "tests/http/test_admin.py",
     "tests/http/test_finance_api.py",
     "tests/http/test_usage.py",
