@@ -5,7 +5,7 @@ same worker count, in the same run, on the same Postgres, with the same wrk sett
     python bench/webhooks.py [--reps 7] [--wrk "-t2 -c32 -d10s"] [--accounts 10000] [--change-rate 1.0]
 
 Needs DATABASE_URL (any database on the server; this creates the scratch databases bench_wh and
-bench_wh_bl), wrk and psql on PATH. Run by hand; it is not a test.
+bench_wh_bl, or DB and DB_bl with --db DB), wrk and psql on PATH. Run by hand; it is not a test.
 
 Every delivery is distinct (its own event id), signed with the configured secret just before its
 repetition, and newer than anything stored for its subscription, so every request takes the full
@@ -81,10 +81,11 @@ def account_name(i: int) -> str:
     return f"acct-{i}"
 
 
-def setup(pg: str, accounts: int) -> tuple[str, str]:
-    """Scratch databases: ours (migrated; `accounts` accounts on Basic, each with an active Stripe
-    subscription stored, as after its first event) and the baseline's (baseline/schema.sql)."""
-    ours = recreate_database(pg, "bench_wh")
+def setup(pg: str, accounts: int, db: str = "bench_wh") -> tuple[str, str]:
+    """Scratch databases: ours, `db` (migrated; `accounts` accounts on Basic, each with an active
+    Stripe subscription stored, as after its first event) and the baseline's, `db`_bl
+    (baseline/schema.sql)."""
+    ours = recreate_database(pg, db)
     migrate(ours)
     plans = load_plans(PLANS_FILE)
     metrics = list(plans.metrics)
@@ -110,9 +111,9 @@ def setup(pg: str, accounts: int) -> tuple[str, str]:
         conn.execute(
             "INSERT INTO subscriptions"
             " (provider, subscription_id, account_id, plan, status, event_at, event_id)"
-            " SELECT 'stripe', 'sub_bench_' || g, 'acct-' || g, 'basic', 'active', now() - interval '1 day',"
-            "        'evt_seed_' || g FROM generate_series(1, %s) g",
-            (accounts,),
+            " SELECT 'stripe', 'sub_bench_' || g, 'acct-' || g, 'basic', 'active',"
+            "        now() - make_interval(secs => %s), 'evt_seed_' || g FROM generate_series(1, %s) g",
+            (SEED_AGE, accounts),
         )
         # ... and what that first event left besides: its inbox row and the customer link. A
         # service in use has both tables populated; left empty here, ANALYZE would record them as
@@ -120,10 +121,11 @@ def setup(pg: str, accounts: int) -> tuple[str, str]:
         conn.execute(
             "INSERT INTO webhook_events (provider, event_id, type, occurred_at, status, account_id,"
             "                            subscription_id, customer_id, payload, processed_at)"
-            " SELECT 'stripe', 'evt_seed_' || g, 'customer.subscription.created', now() - interval '1 day',"
-            "        'applied', 'acct-' || g, 'sub_bench_' || g, 'cus_bench_' || g, %s::json, now()"
+            " SELECT 'stripe', 'evt_seed_' || g, 'customer.subscription.created',"
+            "        now() - make_interval(secs => %s), 'applied', 'acct-' || g, 'sub_bench_' || g,"
+            "        'cus_bench_' || g, %s::json, now()"
             "   FROM generate_series(1, %s) g",
-            (FIXTURE.read_text(), accounts),
+            (SEED_AGE, FIXTURE.read_text(), accounts),
         )
         conn.execute(
             "INSERT INTO customer_links (provider, customer_id, account_id, event_id)"
@@ -132,7 +134,7 @@ def setup(pg: str, accounts: int) -> tuple[str, str]:
             (accounts,),
         )
         conn.execute("VACUUM ANALYZE")
-    base = recreate_database(pg, "bench_wh_bl")
+    base = recreate_database(pg, f"{db}_bl")
     subprocess.run(
         ["psql", "-q", "-v", "ON_ERROR_STOP=1", "-f", str(BASELINE / "schema.sql"), base],
         check=True,
@@ -142,6 +144,12 @@ def setup(pg: str, accounts: int) -> tuple[str, str]:
 
 
 STATES = [(price, status) for price in PRICES for status in STATUSES]
+
+
+# The deliveries' `created` starts this long ago (seconds; 60 days hold 5 million events), and the
+# seeded first events are older still.
+HISTORY = 60 * 86_400
+SEED_AGE = HISTORY + 86_400
 
 
 class Deliveries:
@@ -155,7 +163,9 @@ class Deliveries:
         self.event = json.loads(FIXTURE.read_text())
         self.event["data"].pop("previous_attributes", None)
         self.seq = 0
-        self.created = int(time.time())
+        # In the past, advancing a second per event: an event time more than an hour after its
+        # receipt is not applied (issue 11), and a run signs far more than 3,600 events.
+        self.created = int(time.time()) - HISTORY
         self.state = dict.fromkeys(range(1, accounts + 1), ("basic_monthly", "active"))
 
     def write(self, path: Path, n: int) -> None:
@@ -251,6 +261,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-rate", type=int, default=4000, help="deliveries signed per second of a run")
     ap.add_argument("--port", type=int, default=8111, help="ours on PORT, the baseline on PORT+1")
     ap.add_argument(
+        "--db",
+        default="bench_wh",
+        help="scratch database names (DB and DB_bl), so runs on a shared server do not collide",
+    )
+    ap.add_argument(
         "--log",
         default=str(Path(tempfile.gettempdir()) / "webhooks_bench.log"),
         help="server output goes here",
@@ -258,8 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not args.pg:
         ap.error("give --pg URL or set DATABASE_URL")
-    print("setting up bench_wh and bench_wh_bl ...", flush=True)
-    ours_db, base_db = setup(args.pg, args.accounts)
+    print(f"setting up {args.db} and {args.db}_bl ...", flush=True)
+    ours_db, base_db = setup(args.pg, args.accounts, args.db)
     wrk_args = shlex.split(args.wrk)
     threads, seconds = wrk_threads(wrk_args), wrk_seconds(wrk_args)
     log = Path(args.log)

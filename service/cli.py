@@ -27,7 +27,9 @@ def _settings(*, serving: bool = False) -> Settings:
 
 
 def _connect(settings: Settings) -> psycopg.Connection[Any]:
-    return psycopg.connect(settings.database_url, autocommit=True)
+    from service.db import connect
+
+    return connect(settings, application_name="quota-ledger-cli")
 
 
 def _cli_actor() -> str:
@@ -273,7 +275,14 @@ def cmd_reset_month(args: argparse.Namespace) -> int:
     _log_to_stderr(args.verbose)
     with _connect(_settings()) as conn:
         try:
-            outcome = reset_month(conn, period=args.period, batch_size=args.batch_size, pause=args.pause)
+            outcome = reset_month(
+                conn,
+                period=args.period,
+                batch_size=args.batch_size,
+                pause=args.pause,
+                duty=args.duty,
+                min_rate=args.min_rate,
+            )
         except ValueError as e:
             print(f"quota-ledger reset-month: {e}", file=sys.stderr)
             return 2
@@ -381,6 +390,24 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def cmd_expire_access(args: argparse.Namespace) -> int:
+    """End the access that ended by time, the same code as the hourly Celery task."""
+    from service.billing.expiry import end_expired
+    from service.billing.plans import load_plans
+    from service.errors import PlanConfigError
+
+    _log_to_stderr(args.verbose)
+    settings = _settings()
+    try:
+        plans = load_plans(settings.plans_file)
+    except PlanConfigError as e:
+        print(f"quota-ledger expire-access: refused, nothing changed: {e}", file=sys.stderr)
+        return 2
+    with _connect(settings) as conn:
+        print(end_expired(conn, plans).message)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="quota-ledger", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -457,8 +484,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     reset = sub.add_parser("reset-month", help="run the monthly reset now (a no-op once done)")
     reset.add_argument("--period", type=period_arg, metavar="YYYY-MM", help="default: the current UTC month")
-    reset.add_argument("--batch-size", type=int, default=2000, help="counters per transaction")
-    reset.add_argument("--pause", type=float, default=0.0, help="seconds to sleep between batches")
+    from service.quota.reset import DEFAULT_BATCH_SIZE, DEFAULT_DUTY, DEFAULT_MIN_RATE
+
+    reset.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="counters per transaction")
+    reset.add_argument("--pause", type=float, default=0.0, help="extra seconds to sleep between batches")
+    reset.add_argument(
+        "--duty", type=float, default=DEFAULT_DUTY, help="share of time spent in batches (1: no pacing)"
+    )
+    reset.add_argument(
+        "--min-rate", type=float, default=DEFAULT_MIN_RATE, help="counters/s the pacing never goes below"
+    )
     reset.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     reset.set_defaults(func=cmd_reset_month)
 
@@ -467,6 +502,10 @@ def build_parser() -> argparse.ArgumentParser:
     sync.add_argument("--batch-size", type=int, default=1000, help="accounts per transaction")
     sync.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     sync.set_defaults(func=cmd_sync_plans)
+
+    expire = sub.add_parser("expire-access", help="end subscriptions whose access ended by time")
+    expire.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    expire.set_defaults(func=cmd_expire_access)
     return parser
 
 

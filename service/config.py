@@ -22,6 +22,7 @@ DEFAULT_PLANS_FILE = shipped("plans.toml")
 # applies both, and must be said as explicitly as the others where webhooks are served.
 WEBHOOK_ENVIRONMENTS = ("production", "sandbox")
 WEBHOOK_ENVIRONMENT_ANY = "any"
+_SWITCH = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,6 +37,11 @@ class Settings:
     # as ignored.
     webhook_environment: str | None = None
     db_pool_size: int = 4
+    # How long a request waits for a pooled connection before it is answered 503.
+    db_pool_timeout: float = 2.0
+    # Off behind a transaction pooler that cannot keep prepared statements across transactions
+    # (PgBouncer before 1.21, or without max_prepared_statements): every statement is sent unprepared.
+    db_prepared_statements: bool = True
     # Verified API keys are remembered this long per process: a revoked key stops working within it.
     key_cache_seconds: float = 5.0
 
@@ -59,6 +65,11 @@ class Settings:
                 "WEBHOOK_ENVIRONMENT is not set: production on a production deployment, sandbox on "
                 "one that takes provider test events only, any to apply both (README: Configuration)"
             )
+        prepared = e.get("DB_PREPARED_STATEMENTS", "on").strip().lower()
+        if prepared not in _SWITCH:
+            raise RuntimeError(
+                f"DB_PREPARED_STATEMENTS must be on or off, not {e['DB_PREPARED_STATEMENTS']!r}"
+            )
         return cls(
             database_url=url,
             redis_url=e.get("REDIS_URL", cls.redis_url),
@@ -69,5 +80,7 @@ class Settings:
             plans_file=Path(e.get("PLANS_FILE") or DEFAULT_PLANS_FILE),
             webhook_environment=environment if environment in WEBHOOK_ENVIRONMENTS else None,  # any: None
             db_pool_size=int(e.get("DB_POOL_SIZE", cls.db_pool_size)),
+            db_pool_timeout=float(e.get("DB_POOL_TIMEOUT", cls.db_pool_timeout)),
+            db_prepared_statements=_SWITCH[prepared],
             key_cache_seconds=float(e.get("KEY_CACHE_SECONDS", cls.key_cache_seconds)),
         )

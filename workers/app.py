@@ -41,6 +41,13 @@ BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
         "schedule": crontab(minute=35),
         "options": {"expires": 50 * 60},  # a stale tick is dropped; the next one covers it
     },
+    # Hourly: access that ends by time (RevenueCat expirations, grace periods, temporary grants) with
+    # no event saying so; an account keeps paid access at most this long after its end.
+    "expire-access": {
+        "task": "billing.expire_access",
+        "schedule": crontab(minute=45),
+        "options": {"expires": 50 * 60},
+    },
     "plan-sync": {
         "task": "quota.plan_sync",
         "schedule": crontab(minute=15, hour=2),

@@ -6,11 +6,10 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-import psycopg
-
+from service.billing import expiry
 from service.billing.plans import load_plans
 from service.config import Settings
-from service.db import Connection
+from service.db import Connection, connect
 from service.quota import plan_sync, reset
 from workers.app import app
 
@@ -19,7 +18,7 @@ log = logging.getLogger(__name__)
 
 
 def _connect(settings: Settings) -> Connection:
-    return psycopg.connect(settings.database_url, autocommit=True, application_name="quota-ledger-worker")
+    return connect(settings, application_name="quota-ledger-worker")
 
 
 @app.task(name="quota.monthly_reset")
@@ -28,25 +27,35 @@ def monthly_reset(
     at: str | None = None,
     batch_size: int = reset.DEFAULT_BATCH_SIZE,
     pause: float = 0.0,
+    duty: float = reset.DEFAULT_DUTY,
+    min_rate: float = reset.DEFAULT_MIN_RATE,
 ) -> dict[str, object]:
     """Reset every counter into `period` (default: the UTC month of `at`, an ISO 8601 time,
-    default now), once."""
+    default now), once, paced (service.quota.reset)."""
     when = datetime.fromisoformat(at) if at else None
     with _connect(Settings.from_env()) as conn:
-        outcome = reset.reset_month(conn, period=period, at=when, batch_size=batch_size, pause=pause)
+        outcome = reset.reset_month(
+            conn, period=period, at=when, batch_size=batch_size, pause=pause, duty=duty, min_rate=min_rate
+        )
     log.info("%s", outcome.message)
     return outcome.as_dict()
 
 
 @app.task(name="quota.reset_catch_up")
 def reset_catch_up(
-    at: str | None = None, batch_size: int = reset.DEFAULT_BATCH_SIZE, pause: float = 0.0
+    at: str | None = None,
+    batch_size: int = reset.DEFAULT_BATCH_SIZE,
+    pause: float = 0.0,
+    duty: float = reset.DEFAULT_DUTY,
+    min_rate: float = reset.DEFAULT_MIN_RATE,
 ) -> dict[str, object]:
     """The hourly tick: the current period's reset if it is not done. `at` (ISO 8601) sets the
     clock, for tests."""
     when = datetime.fromisoformat(at) if at else None
     with _connect(Settings.from_env()) as conn:
-        outcome = reset.catch_up(conn, at=when, batch_size=batch_size, pause=pause)
+        outcome = reset.catch_up(
+            conn, at=when, batch_size=batch_size, pause=pause, duty=duty, min_rate=min_rate
+        )
     log.info("%s", outcome.message)
     return outcome.as_dict()
 
@@ -62,3 +71,15 @@ def plan_sync_task() -> dict[str, object]:
         )
     log.info("%s", outcome.message)
     return {"status": outcome.status, "message": outcome.message}
+
+
+@app.task(name="billing.expire_access")
+def expire_access(at: str | None = None) -> dict[str, object]:
+    """End the subscriptions whose access ended by time, and let their accounts follow. `at` (ISO
+    8601) sets the clock, for tests."""
+    settings = Settings.from_env()
+    plans = load_plans(settings.plans_file)
+    when = datetime.fromisoformat(at) if at else None
+    with _connect(settings) as conn:
+        outcome = expiry.end_expired(conn, plans, at=when)
+    return {"accounts": outcome.accounts, "subscriptions": outcome.subscriptions, "message": outcome.message}

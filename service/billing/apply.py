@@ -91,7 +91,11 @@ def lookup(change: SubscriptionChange | CustomerLink | Transfer) -> Lookup:
                 customer_id=change.customer_id,
             )
         case CustomerLink():
-            return Lookup(account_ids=change.account_ids)
+            return Lookup(
+                account_ids=change.account_ids,
+                subscription_id=change.subscription_id,
+                customer_id=change.customer_id,
+            )
         case Transfer():
             return Lookup(account_ids=change.to_ids)
 
@@ -139,13 +143,15 @@ def apply_change(
 @dataclass(frozen=True, kw_only=True)
 class Delivered:
     """What subscription_delivery did: the inbox row (None: a duplicate, or not stored, a replay),
-    the event's status and note, its account, and the account a subscription moved from."""
+    the event's status and note, its account, the account a subscription moved from, and whether
+    stored unmatched events may now apply (`waiting`: see inbox.apply_waiting)."""
 
     inbox_id: int | None
     status: str
     note: str | None
     account_id: str | None
     moved_from: str | None
+    waiting: bool = False
 
 
 def deliver_subscription(
@@ -175,11 +181,14 @@ def deliver_subscription(
         "account_ids": array_literal(change.account_ids),  # a str: psycopg adapts it at once
         "subscription_id": change.subscription_id,
         "customer_id": change.customer_id,
-        "link_customer_id": change.customer_id if env.provider == "stripe" else None,
+        "link_customer_id": change.customer_id,
         "plan": plan,
         "status": change.status,
         "status_if_new": change.status_if_new,
         "final": change.final,
+        "opens": change.opens,
+        "expires_at": change.expires_at,
+        "supersedes_temporary": change.supersedes_temporary,
         "note": note,
         "unmatched_note": _unmatched_note(change.account_ids, change.customer_id),
         "actor": actor,
@@ -190,10 +199,17 @@ def deliver_subscription(
     with psycopg.RawCursor(conn) as cur:
         row = _DELIVERY.execute(cur, params).fetchone()
     assert row is not None  # the statement always answers one row
-    # A plain tuple: class_row would read the column names again on every execute. The last two
-    # columns (gave_way, which raises rather than answers, and limit_changes) are not needed here.
-    got = cast(tuple[int | None, str, str | None, str | None, str | None, None, int | None], row)
-    return Delivered(inbox_id=got[0], status=got[1], note=got[2], account_id=got[3], moved_from=got[4])
+    # A plain tuple: class_row would read the column names again on every execute. gave_way raises
+    # rather than answers, and limit_changes is not needed here.
+    got = cast(tuple[int | None, str, str | None, str | None, str | None, None, int | None, bool], row)
+    return Delivered(
+        inbox_id=got[0],
+        status=got[1],
+        note=got[2],
+        account_id=got[3],
+        moved_from=got[4],
+        waiting=bool(got[7]),
+    )
 
 
 def deliver_subscription_locked(
@@ -228,10 +244,18 @@ def _subscription(
 
 def _link(conn: Connection, env: Envelope, change: CustomerLink, account: Resolved | None) -> Outcome:
     if account is None:
+        if not change.account_ids and not change.subscription_id:
+            return Outcome(
+                status="ignored",
+                customer_id=change.customer_id,
+                note=f"names no account or subscription, and customer {change.customer_id!r} is not "
+                "linked to an account",
+            )
         return Outcome(
             status="unmatched",
+            subscription_id=change.subscription_id,
             customer_id=change.customer_id,
-            note=_unmatched_note(change.account_ids, None),
+            note=_unmatched_note(change.account_ids, change.customer_id, change.subscription_id),
         )
     row = conn.execute(
         Q.customer_link,
@@ -242,10 +266,21 @@ def _link(conn: Connection, env: Envelope, change: CustomerLink, account: Resolv
             "event_id": env.event_id,
         },
     ).fetchone()
-    note = None
-    if row is not None and row[0] != account.id:
-        note = f"customer {change.customer_id!r} stays linked to account {row[0]!r}"
-    return Outcome(status="applied", account_id=account.id, customer_id=change.customer_id, note=note)
+    assert row is not None  # the statement answers the link, new or existing
+    linked_to, created = str(row[0]), bool(row[1])
+    if linked_to != account.id:
+        note = f"customer {change.customer_id!r} stays linked to account {linked_to!r}"
+    elif created:
+        note = f"linked customer {change.customer_id!r} to account {account.id!r}"
+    else:
+        note = f"customer {change.customer_id!r} was linked to account {account.id!r} already"
+    return Outcome(
+        status="applied",
+        account_id=account.id,
+        subscription_id=change.subscription_id,
+        customer_id=change.customer_id,
+        note=note,
+    )
 
 
 def _transfer(
@@ -303,7 +338,14 @@ def follow_subscriptions(conn: Connection, plans: PlanConfig, account_ids: set[s
             apply_plan(conn, plans, account_id=str(account_id), plan=new_plan, status=new_status, actor=actor)
 
 
-def _unmatched_note(account_ids: tuple[str, ...], customer_id: str | None) -> str:
+def _unmatched_note(
+    account_ids: tuple[str, ...], customer_id: str | None, subscription_id: str | None = None
+) -> str:
     named = ", ".join(repr(a) for a in account_ids) or "no account id"
     tail = f" and customer {customer_id!r} is not linked" if customer_id else ""
-    return f"no known account: the event names {named}{tail}; replay it once the account exists"
+    if subscription_id:
+        tail += f", subscription {subscription_id!r} is not known"
+    return (
+        f"no known account: the event names {named}{tail}; it is applied when the account is "
+        "created or linked"
+    )

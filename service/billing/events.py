@@ -12,12 +12,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-# Subscription statuses an account can have (the accounts.subscription_status check constraint).
+# Subscription statuses a provider can give (the provider_subscription_status domain). Which of them
+# keep access, end a subscription or win a tie is decided in SQL (migrations/repeatable/).
 STATUSES = frozenset(
     {"trialing", "active", "past_due", "unpaid", "incomplete", "paused", "canceled", "expired"}
 )
-# Statuses that end a subscription: at equal provider time they win over any other status.
-ENDED = frozenset({"canceled", "expired"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +53,11 @@ class SubscriptionChange:
     `status` None keeps the stored status (an event that does not change access, e.g. a RevenueCat
     CANCELLATION); `status_if_new` is used when nothing is stored yet. `final` says the provider never
     reopens the subscription after this status (Stripe `canceled`), so no later event may either.
+    `opens`: the event creates the subscription (Stripe `customer.subscription.created`), so at an
+    equal provider time it never overrides a stored state. `expires_at`: when access ends without
+    another event (None: no end in time); an end already passed grants nothing.
+    `supersedes_temporary`: the event is about a real purchase, which ends the account's temporary
+    grants of this provider (RevenueCat TEMPORARY_ENTITLEMENT_GRANT).
     """
 
     subscription_id: str
@@ -63,14 +67,20 @@ class SubscriptionChange:
     status: str | None
     status_if_new: str
     final: bool = False
+    opens: bool = False
+    expires_at: datetime | None = None
+    supersedes_temporary: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
 class CustomerLink:
-    """Link a provider customer to an account (e.g. a completed Stripe checkout); no state changes."""
+    """Link a provider customer to an account (e.g. a completed Stripe checkout, an invoice); no
+    state changes. The account is the first of `account_ids` that exists, else the owner of
+    `subscription_id`, else the account the customer is linked to already."""
 
     customer_id: str
     account_ids: tuple[str, ...]
+    subscription_id: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

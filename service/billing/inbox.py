@@ -12,6 +12,19 @@ accounts) it rolls back whole, and the delivery runs again on the locked path: a
 locks the account, then runs the same statement. Customer links and transfers always take a
 transaction: store the row with its account locked, apply, correct the row.
 
+Only the conflicts the one statement is designed to give way on (serialization failures it raises
+itself, and deadlocks) send a delivery to the locked path; any other error there is logged at
+ERROR and the event stored `failed`, like a failure on the locked path.
+
+Provider times are checked against the time of receipt: an event dated more than MAX_FUTURE after
+it arrived is stored `ignored` with a note and never takes part in the ordering, since a time in the
+future would make every real event after it look older (RevenueCat's own TRANSFER sample is dated
+in the year 4466). A replay checks it against the stored receipt time.
+
+Stored `unmatched` events wait for their account: when an account is created or a customer,
+subscription or RevenueCat alias is linked to one, `apply_waiting` replays the events that the new
+link makes applicable, in provider order.
+
 Failure handling: a verified event is always stored. If applying it fails (its contents cannot be
 read, or a bug), the transaction is rolled back and the row is then stored alone as `failed` with
 the error, and the provider gets a 200: a retry would only be a duplicate of a stored row, so an
@@ -27,7 +40,7 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import TypeVar
 
@@ -57,6 +70,9 @@ T = TypeVar("T")
 RETRIES = 3  # deadlocks and serialization failures are retried within the request
 # psycopg raises these as OperationalError subclasses, not as its TransactionRollback (SQLSTATE 40000).
 RETRYABLE = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected)
+# How far in the future of its receipt a provider's event time may be (clock skew) and still order.
+MAX_FUTURE = timedelta(hours=1)
+LINK_ACTOR = "link"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,6 +85,7 @@ class Receipt:
     status: str
     duplicate: bool = False
     locked: bool = False
+    waiting: bool = False  # stored unmatched events may apply now (see apply_waiting)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,9 +119,32 @@ class _ApplyFailed(Exception):
 def receive(
     conn: Connection, plans: PlanConfig, env: Envelope, *, allowed: bool, translate: Translate
 ) -> Receipt:
-    """Store and apply one verified delivery. Types outside the allowlist are stored as ignored."""
+    """Store and apply one verified delivery. Types outside the allowlist are stored as ignored.
+    Then apply the stored unmatched events that it made applicable."""
+    receipt = _receive(conn, plans, env, allowed=allowed, translate=translate)
+    if receipt.waiting and not receipt.duplicate:
+        try:
+            apply_waiting(
+                conn,
+                plans,
+                provider=env.provider,
+                change=translate(env),
+                translate_for=lambda _provider: translate,
+            )
+        except psycopg.OperationalError:
+            raise
+        except Exception:  # the delivery itself is stored and answered; the rest can be replayed
+            log.exception("%s event %s: applying the waiting events failed", env.provider, env.event_id)
+    return replace(receipt, waiting=False)
+
+
+def _receive(
+    conn: Connection, plans: PlanConfig, env: Envelope, *, allowed: bool, translate: Translate
+) -> Receipt:
     if not allowed:
         return _store(conn, env, status="ignored", note="event type not handled")
+    if future := _future_note(env, datetime.now(UTC)):
+        return _store(conn, env, status="ignored", note=future)
     try:
         change = _guarded(env, lambda: translate(env))
     except _ApplyFailed as e:
@@ -144,17 +184,17 @@ def _in_one_statement(
     try:
         done = deliver_subscription(conn, plans, env, change, actor=actor, store=True, locked=False)
     except RETRYABLE:
-        return None
+        return None  # the designed way out: the statement gave way (or deadlocked)
     except psycopg.OperationalError:
         raise  # the database is unreachable: nothing stored, the provider retries
-    except Exception:
-        log.debug(
-            "%s event %s takes the locked path after an error", env.provider, env.event_id, exc_info=True
-        )
-        return None
+    except psycopg.DataError:
+        raise  # something in the body the database cannot store: answered 400, nothing stored
+    except Exception as e:
+        log.exception("%s event %s failed", env.provider, env.event_id)
+        return _store(conn, env, status="failed", error=f"{type(e).__name__}: {e}")
     if done.inbox_id is None:
         return _duplicate(conn, env)
-    return Receipt(id=done.inbox_id, status=done.status)
+    return Receipt(id=done.inbox_id, status=done.status, waiting=done.waiting)
 
 
 def _subscription_locked(
@@ -167,7 +207,7 @@ def _subscription_locked(
     )
     if done.inbox_id is None:
         return _duplicate(conn, env)
-    return Receipt(id=done.inbox_id, status=done.status)
+    return Receipt(id=done.inbox_id, status=done.status, waiting=done.waiting)
 
 
 def _other_locked(
@@ -193,8 +233,13 @@ def _other_locked(
     )
     outcome = _guarded(env, partial(apply_change, conn, plans, env, change, account, actor=actor))
     if outcome != stored:
-        _finish(conn, inbox_id, outcome, replay=False)
-    return Receipt(id=inbox_id, status=outcome.status)
+        _finish(conn, inbox_id, outcome, replay=False, named=keys.account_ids)
+    # A new link may let stored events find their account; a transfer moves what exists.
+    return Receipt(
+        id=inbox_id,
+        status=outcome.status,
+        waiting=isinstance(change, CustomerLink) and outcome.status == "applied",
+    )
 
 
 def replay(
@@ -223,8 +268,11 @@ def replay(
                     data=row["payload"],
                 )
                 by = f"replay:{actor}:{env.provider}:{env.event_id}"
+                received: datetime = row["received_at"]
 
-                def run(env: Envelope = env, by: str = by) -> Outcome:
+                def run(env: Envelope = env, by: str = by, received: datetime = received) -> Outcome:
+                    if future := _future_note(env, received):
+                        return Outcome(status="ignored", note=future)
                     change = translate_for(env.provider)(env)
                     account = None
                     if not isinstance(change, NoChange):
@@ -286,6 +334,49 @@ def _audit_replay(
                 }
             ),
         },
+    )
+
+
+def apply_waiting(
+    conn: Connection,
+    plans: PlanConfig,
+    *,
+    provider: str | None = None,
+    change: Change | None = None,
+    account_ids: tuple[str, ...] = (),
+    customer_id: str | None = None,
+    translate_for: Callable[[str], Translate],
+) -> list[StoredEvent]:
+    """Replay, in provider order, the stored unmatched events that a new link may make applicable:
+    those of `change`'s subscription or customer or naming its accounts (after a delivery), or
+    naming `account_ids` or `customer_id` (an account created or given a customer). Each replay is
+    its own transaction; one that still finds no account stays unmatched. Needs a connection in no
+    transaction."""
+    subscription_id = None
+    if isinstance(change, SubscriptionChange | CustomerLink):
+        account_ids = (*account_ids, *change.account_ids)
+        customer_id = customer_id or change.customer_id
+        subscription_id = change.subscription_id
+    rows = conn.execute(
+        Q.inbox_waiting,
+        {
+            "provider": provider,
+            "subscription_id": subscription_id,
+            "customer_id": customer_id,
+            "account_ids": list(account_ids),
+        },
+    ).fetchall()
+    return [replay(conn, plans, int(str(r[0])), translate_for=translate_for, actor=LINK_ACTOR) for r in rows]
+
+
+def _future_note(env: Envelope, received: datetime) -> str | None:
+    """Why `env` must not take part in the ordering: its provider time is too far in the future of
+    its receipt. None: it is fine."""
+    if env.occurred_at <= received + MAX_FUTURE:
+        return None
+    return (
+        f"provider time {env.occurred_at.isoformat()} is more than {MAX_FUTURE} after the event was "
+        f"received ({received.isoformat()}); not applied, so that it cannot outrank later events"
     )
 
 
@@ -357,10 +448,13 @@ def _guarded(env: Envelope, work: Callable[[], T]) -> T:
         raise _ApplyFailed(f"{type(e).__name__}: {e}") from e
 
 
-def _finish(conn: Connection, inbox_id: int, outcome: Outcome, *, replay: bool) -> None:
+def _finish(
+    conn: Connection, inbox_id: int, outcome: Outcome, *, replay: bool, named: tuple[str, ...] = ()
+) -> None:
     conn.execute(
         Q.inbox_finish,
         {
+            "named_accounts": list(named) if named else None,
             "id": inbox_id,
             "status": outcome.status,
             "error": outcome.error,

@@ -1,7 +1,13 @@
 """The plan config (plans.toml): plan names, per-metric monthly limits and provider mappings.
 
 Nothing about plans is hard-coded; a deployment with other plans edits the file. A metric that a plan
-does not list has limit 0 on that plan; "unlimited" is stored as None.
+does not list has limit 0 on that plan; "unlimited" is stored as None. Plans are listed from the
+lowest to the highest: when one subscription maps to several plans (a Stripe subscription with items
+of two plans, RevenueCat entitlements of two plans), the highest, the one listed last, is its tier.
+
+Who keeps access under which status (the lapse rule) is not here: it is a SQL function
+(billing_is_lapsed, migrations/repeatable/billing_rules.sql), which every statement that needs it
+calls.
 """
 
 from __future__ import annotations
@@ -16,9 +22,6 @@ from typing import Any
 from service.errors import PlanConfigError
 
 Limit = int | None  # None = unlimited
-
-# Statuses under which a paid plan keeps its limits; any other status means lapsed.
-ACCESS_STATUSES = frozenset({"active", "trialing", "past_due"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,39 +50,34 @@ class PlanConfig:
     def is_paid(self, plan: str) -> bool:
         return plan != self.free_plan
 
-    def is_lapsed(self, plan: str, status: str) -> bool:
-        """A paid plan whose subscription status keeps no access falls back to the free limits."""
-        return self.is_paid(plan) and status not in ACCESS_STATUSES
-
     @cached_property
     def limit_table(self) -> dict[str, str]:
-        """Every plan's limits and the lapse rule, as query parameters, for statements that pick the
-        plan's limits in the database (quotas_follow_plan, from apply_plan and subscription_delivery):
-        the same answers as `limit` and `is_lapsed`. Made once, as array literals: psycopg adapts a
-        list element by element on every execute, and Postgres parses an array literal faster than
-        a JSON document."""
+        """Every plan's limits, as query parameters, for statements that pick the plan's limits in
+        the database (quotas_follow_plan, from apply_plan and subscription_delivery): the same
+        answers as `limit`. Made once, as array literals: psycopg adapts a list element by element
+        on every execute, and Postgres parses an array literal faster than a JSON document."""
         rows = [(p, m, self.limit(p, m)) for p in self.plans for m in self.metrics]
         return {
             "plan_names": array_literal(r[0] for r in rows),
             "plan_metrics": array_literal(r[1] for r in rows),
             "plan_limits": array_literal(r[2] for r in rows),
             "free_plan": self.free_plan,
-            "access_statuses": array_literal(sorted(ACCESS_STATUSES)),
         }
 
     def plan_for_stripe_price(self, *keys: str | None) -> str | None:
-        """The plan that lists any of these price lookup keys or price ids."""
-        for p in self.plans.values():
+        """The highest plan (listed last) that lists any of these price lookup keys or price ids."""
+        for p in reversed(self.plans.values()):
             if any(k and k in p.stripe_prices for k in keys):
                 return p.name
         return None
 
     def plan_for_revenuecat(self, entitlements: list[str], product: str | None) -> str | None:
-        """The plan that lists one of these entitlement ids, else the product id."""
-        for p in self.plans.values():
+        """The highest plan (listed last) that lists one of these entitlement ids, else the one that
+        lists the product id."""
+        for p in reversed(self.plans.values()):
             if any(e in p.revenuecat_entitlements for e in entitlements):
                 return p.name
-        for p in self.plans.values():
+        for p in reversed(self.plans.values()):
             if product and product in p.revenuecat_products:
                 return p.name
         return None

@@ -8,7 +8,7 @@ from flask import Flask
 
 from service.billing.plans import load_plans
 from service.config import Settings
-from service.db import make_pool
+from service.db import Database
 from service.http.runtime import Runtime
 
 
@@ -22,7 +22,7 @@ def build_app(settings: Settings | None = None) -> Flask:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     app.extensions["quota"] = Runtime(
         settings=settings,
-        pool=make_pool(settings.database_url, size=settings.db_pool_size),
+        db=Database(settings),
         plans=load_plans(settings.plans_file),
     )
     errors.init_app(app)

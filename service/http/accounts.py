@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify
 
+from service.billing import inbox
 from service.http import schemas
 from service.http.auth import actor, require
 from service.http.errors import ApiError
@@ -11,6 +12,7 @@ from service.http.metrics import RELEASES, TAKES
 from service.http.runtime import runtime
 from service.http.validation import account_id, json_body, query_args
 from service.http.views import account_json, release_json, take_json
+from service.http.webhooks import translator
 from service.quota import accounts, periods, takes, usage
 
 bp = Blueprint("accounts", __name__, url_prefix="/v1")
@@ -29,6 +31,16 @@ def put_account(id: str) -> tuple[Response, int]:
     rt = runtime()
     with rt.connection() as conn:
         created = accounts.upsert_account(conn, rt.plans, account_id=account_id(id), **body)
+        if created or body.get("stripe_customer_id"):
+            # Provider events that arrived before the account (or its customer) was known wait
+            # as unmatched; the new link applies them now, so the view below shows their effect.
+            inbox.apply_waiting(
+                conn,
+                rt.plans,
+                account_ids=(id,),
+                customer_id=body.get("stripe_customer_id"),
+                translate_for=translator,
+            )
         view = accounts.get_account(conn, rt.plans, account_id=id)
     return jsonify(account_json(view)), 201 if created else 200
 

@@ -11,20 +11,22 @@ from psycopg_pool import ConnectionPool
 
 from service.billing.plans import PlanConfig
 from service.config import Settings
-from service.db import Connection
+from service.db import Connection, Database
 
 
 @dataclass
 class Runtime:
     settings: Settings
-    pool: ConnectionPool[Connection]
+    db: Database
     plans: PlanConfig
 
+    @property
+    def pool(self) -> ConnectionPool[Connection]:
+        return self.db.pool
+
     @contextmanager
-    def connection(self) -> Iterator[Connection]:
-        if self.pool.closed:
-            self.pool.open(wait=False)
-        with self.pool.connection() as conn:
+    def connection(self, *, timeout: float | None = None) -> Iterator[Connection]:
+        with self.db.connection(timeout=timeout) as conn:
             yield conn
 
 

@@ -66,7 +66,7 @@ def ensure_quotas(conn: Connection, plans: PlanConfig, *, account_id: str, perio
         {
             "account_id": account_id,
             "period": period or periods.current_period(),
-            "lapsed": plans.is_lapsed(acct["plan"], acct["subscription_status"]),
+            "free_plan": plans.free_plan,
             **_limit_params(plans, acct["plan"]),
         },
     )
@@ -121,15 +121,15 @@ def apply_plan(
     conn: Connection, plans: PlanConfig, *, account_id: str, plan: str, status: str, actor: str
 ) -> int:
     """Set the account's plan tier and subscription status and bring its stored plan limits in line,
-    in one statement (an audit row per changed limit); returns the number of limit changes. Never
-    touches usage, the ledger or overrides. Inside the caller's transaction if there is one."""
+    in one statement (an audit row per changed counter, a lapse-only change included); returns the
+    number of counters changed. Never touches usage, the ledger or overrides. Inside the caller's
+    transaction if there is one."""
     row = conn.execute(
         Q.apply_plan,
         {
             "account_id": account_id,
             "plan": plan,
             "status": status,
-            "lapsed": plans.is_lapsed(plan, status),
             "actor": actor,
             **plans.limit_table,
         },

@@ -111,7 +111,7 @@ def _targets(plans: PlanConfig, accounts: list[dict[str, Any]]) -> dict[str, lis
         "lapsed": [],
     }
     for acct in accounts:
-        lapsed = plans.is_lapsed(acct["plan"], acct["subscription_status"])
+        lapsed = acct["lapsed"]  # billing_is_lapsed, in the query that read the batch
         for metric in plans.metrics:
             cols["account_ids"].append(acct["id"])
             cols["metrics"].append(metric)
@@ -126,7 +126,9 @@ def _dry_batch(
 ) -> tuple[int, str, list[LimitChange]]:
     with transaction(conn), conn.cursor(row_factory=dict_row) as cur:
         cur.execute("SET TRANSACTION READ ONLY")
-        accounts = cur.execute(Q.plan_sync_accounts, {"after": after, "batch_size": batch_size}).fetchall()
+        accounts = cur.execute(
+            Q.plan_sync_accounts, {"after": after, "batch_size": batch_size, "free_plan": plans.free_plan}
+        ).fetchall()
         if not accounts:
             return 0, after, []
         with conn.cursor(row_factory=class_row(LimitChange)) as diff:
@@ -141,7 +143,8 @@ def _apply_batch(
         if not try_advisory_xact_lock(conn, PLAN_SYNC_LOCK_KEY):
             return None
         accounts = cur.execute(
-            Q.plan_sync_lock_accounts, {"after": after, "batch_size": batch_size}
+            Q.plan_sync_lock_accounts,
+            {"after": after, "batch_size": batch_size, "free_plan": plans.free_plan},
         ).fetchall()
         if not accounts:
             return 0, after, []

@@ -14,7 +14,13 @@ retries or redeliveries run it:
   P (opened by a take's rollover, or by an earlier batch) never matches again, and the unique
   period-open index refuses a second reset row for the same counter and period.
 
-Batches of a few thousand rows keep each row lock short, so takes keep flowing during the run.
+Pacing. The job has no reason to be fast: the lazy rollover keeps every take right from the first
+second of the month, so the job only has to finish well within the hourly catch-up. It runs small
+batches (each row lock short) and sleeps between them so that batches take at most `duty` of the
+wall time: a batch that took longer because the database is busy (with takes, say) is followed by
+a longer sleep, so the job yields to the load it would otherwise slow down. `min_rate` bounds that
+yielding, so a run still finishes in bounded time (1,000,000 counters at 1,500/s: 11 minutes, as
+long as one batch takes less than batch_size / min_rate; past that there is no rest at all).
 """
 
 from __future__ import annotations
@@ -40,7 +46,10 @@ ACTOR = "system:monthly_reset"
 # 'qlresets'). Registry of the service's advisory lock keys: this one and
 # service.quota.plan_sync.PLAN_SYNC_LOCK_KEY. Never derive keys from hashtext().
 RESET_LOCK_KEY = 0x716C_7265_7365_7473
-DEFAULT_BATCH_SIZE = 2000
+DEFAULT_BATCH_SIZE = 500
+# Share of wall time spent in batches, and the rate (counters/s) the pacing never goes below.
+DEFAULT_DUTY = 0.1
+DEFAULT_MIN_RATE = 1500.0
 # A batch that loses a deadlock (e.g. against a plan sync locking the same rows) is retried.
 _RETRIES = 5
 
@@ -157,16 +166,21 @@ def reset_month(
     at: datetime | None = None,
     batch_size: int = DEFAULT_BATCH_SIZE,
     pause: float = 0.0,
+    duty: float = DEFAULT_DUTY,
+    min_rate: float = DEFAULT_MIN_RATE,
     actor: str = ACTOR,
 ) -> ResetOutcome:
     """Reset every live counter into `period` (default: the period of `at`, default now, in UTC),
-    committing every `batch_size` counters and sleeping `pause` seconds between batches.
+    committing every `batch_size` counters, paced (see the module docstring) by `duty` and
+    `min_rate` (duty 1: no pacing), plus `pause` seconds between batches.
     Safe to call any number of times, concurrently: see the module docstring. Needs an autocommit
     connection (each batch opens its own transaction). The caller reports the outcome (the task
     logs it, the command prints it); this logs only progress."""
     period = target_period(period=period, at=at)
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
+    if not 0 < duty <= 1 or min_rate <= 0:
+        raise ValueError("duty must be in (0, 1] and min_rate above 0")
     runner = runner_id()
     started = time.monotonic()
     counters = reset_rows = batches = retries = 0
@@ -185,6 +199,7 @@ def reset_month(
 
     log.debug("monthly reset %s: starting (runner %s, batches of %d)", period, runner, batch_size)
     while True:
+        began = time.monotonic()
         try:
             step = _batch(conn, period=period, batch_size=batch_size, actor=actor, runner=runner)
         except (psycopg.errors.DeadlockDetected, psycopg.errors.LockNotAvailable) as e:
@@ -199,14 +214,33 @@ def reset_month(
             # Finished by another runner after this one had done some batches: still 'done' for it.
             return outcome("done" if batches else "already_done", step)
         if step.status == "done":
+            analyze(conn)
             return outcome("done", step)
         counters += step.counters
         reset_rows += step.reset_rows
         batches += 1
-        if batches % 20 == 0:
+        if batches % 100 == 0:
             log.info("monthly reset %s: %d counters reset so far", period, counters)
-        if pause:
-            time.sleep(pause)
+        sleep = pace(time.monotonic() - began, step.counters, duty=duty, min_rate=min_rate) + pause
+        if sleep > 0:
+            time.sleep(sleep)
+
+
+def analyze(conn: Connection) -> None:
+    """Fresh planner statistics for what a bulk job just wrote (migrations/0010 says why). A
+    failure only costs plan quality until autovacuum's next ANALYZE: logged, never raised."""
+    try:
+        conn.execute(Q.analyze_after_bulk_write)
+    except psycopg.Error as e:
+        log.warning("ANALYZE after the bulk write failed (autovacuum will catch up): %s", e)
+
+
+def pace(took: float, counters: int, *, duty: float, min_rate: float) -> float:
+    """Seconds to sleep after a batch of `counters` that took `took` seconds: long enough that
+    batches fill only `duty` of the time, but never so long that the rate falls below `min_rate`."""
+    yielding = took * (1 - duty) / duty
+    floor = counters / min_rate - took
+    return max(0.0, min(yielding, floor))
 
 
 def reset_status(conn: Connection, *, period: str) -> dict[str, object] | None:
@@ -216,7 +250,13 @@ def reset_status(conn: Connection, *, period: str) -> dict[str, object] | None:
 
 
 def catch_up(
-    conn: Connection, *, at: datetime | None = None, batch_size: int = DEFAULT_BATCH_SIZE, pause: float = 0.0
+    conn: Connection,
+    *,
+    at: datetime | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    pause: float = 0.0,
+    duty: float = DEFAULT_DUTY,
+    min_rate: float = DEFAULT_MIN_RATE,
 ) -> ResetOutcome:
     """The hourly tick: run the reset of the clock's current period unless its run is done.
     Covers a missed 00:05 run (worker or beat down, lost schedule file, lost queued message) and
@@ -230,4 +270,6 @@ def catch_up(
             run_counters_reset=int(run["counters_reset"]),  # type: ignore[call-overload]
             run_reset_rows=int(run["reset_rows"]),  # type: ignore[call-overload]
         )
-    return reset_month(conn, period=period, at=at, batch_size=batch_size, pause=pause)
+    return reset_month(
+        conn, period=period, at=at, batch_size=batch_size, pause=pause, duty=duty, min_rate=min_rate
+    )

@@ -24,6 +24,8 @@ UPDATE webhook_events
 UPDATE webhook_events
    SET status = %(status)s, error = %(error)s, note = %(note)s, account_id = %(account_id)s,
        subscription_id = %(subscription_id)s, customer_id = %(customer_id)s,
+       named_accounts = CASE WHEN %(status)s::inbox_status = 'unmatched'
+                             THEN coalesce(%(named_accounts)s::text[], named_accounts) END,
        attempts = attempts + %(replay)s::int, processed_at = now()
  WHERE id = %(id)s
 
@@ -35,7 +37,7 @@ SELECT id, provider, event_id, type, status, error, note, account_id, subscripti
 
 -- name: inbox_for_replay
 -- Locks the row: concurrent replays of one event run one after the other.
-SELECT id, provider, event_id, type, occurred_at, payload
+SELECT id, provider, event_id, type, occurred_at, received_at, payload
   FROM webhook_events
  WHERE id = %(id)s
    FOR UPDATE
@@ -65,10 +67,12 @@ WITH acct AS (
        FOR NO KEY UPDATE OF a
 ), ins AS (
     INSERT INTO webhook_events (provider, event_id, type, occurred_at, status, account_id,
-                                subscription_id, customer_id, payload, processed_at)
+                                subscription_id, customer_id, named_accounts, payload, processed_at)
     SELECT %(provider)s, %(event_id)s, %(type)s, %(occurred_at)s,
            CASE WHEN EXISTS (SELECT FROM acct) THEN 'applied' ELSE 'unmatched' END,
-           (SELECT id FROM acct), %(subscription_id)s, %(customer_id)s, %(payload)s::json, now()
+           (SELECT id FROM acct), %(subscription_id)s, %(customer_id)s,
+           CASE WHEN NOT EXISTS (SELECT FROM acct) THEN %(account_ids)s::text[] END,
+           %(payload)s::json, now()
     ON CONFLICT (provider, event_id) DO NOTHING
     RETURNING id
 )
@@ -103,14 +107,15 @@ RETURNING id, plan, subscription_status
 --   takes the locked path, which locks the account (resolve_account) before this statement runs
 --   again in the same transaction (%(locked)s true: moves allowed, the caller recomputes the old
 --   owner). %(store)s false (a replay): the inbox row exists; the statement only says the outcome.
--- `up`: the ordering rule, under the subscription's row lock. An event applies if it is newer than
---   the stored one; at equal provider time (Stripe `created` has 1 s resolution) an ended status
---   wins, so every delivery order ends in the same state. A `final` subscription (Stripe canceled)
---   is never reopened, not even by a newer event. `status` NULL keeps the stored status.
---   `prior_account_id` takes the replaced row's owner.
--- `best`: the account's deciding subscription after this change (the CTE's own write is not
---   visible to the other parts of the statement, so `up` stands in for its stored row): the best
---   subscription_access_rank, then the newest event.
+-- `up`: the ordering rule (billing_event_wins, migrations/repeatable/billing_rules.sql), under the
+--   subscription's row lock. `status` NULL keeps the stored status; a status that keeps access
+--   with an end that has passed is stored `expired` (billing_effective_status). `prior_account_id`
+--   takes the replaced row's owner; `opened`: the subscription is new.
+-- `temporary_end`: a RevenueCat event about a real purchase (%(supersedes_temporary)s) ends the
+--   account's temporary entitlement grants, which stood in for it; `best` leaves them out.
+-- `best`: the account's deciding subscription after this change (billing_deciding_subscription;
+--   the CTE's own write is not visible to the other parts of the statement, so `up` stands in for
+--   its stored row).
 -- `acct_set`: tier and status from `best`, and the version bump, always (the subscription changed).
 -- `limits_set`: when tier or status changed, the account's plan limits follow (quotas_follow_plan,
 --   as accounts.apply_plan does), from the plan table passed in (PlanConfig.limit_table). A function
@@ -134,25 +139,32 @@ WITH stored AS (
        FOR NO KEY UPDATE OF a
 ), up AS (
     INSERT INTO subscriptions AS s (provider, subscription_id, account_id, plan, status, final,
-                                    event_at, event_id)
+                                    event_at, event_id, expires_at)
     SELECT %(provider)s, %(subscription_id)s, gate.id, %(plan)s,
-           coalesce(%(status)s, %(status_if_new)s), %(final)s, %(occurred_at)s, %(event_id)s
+           billing_effective_status(coalesce(%(status)s, %(status_if_new)s), %(expires_at)s, now()),
+           %(final)s, %(occurred_at)s, %(event_id)s, %(expires_at)s
       FROM gate
     ON CONFLICT (provider, subscription_id) DO UPDATE
        SET prior_account_id = s.account_id,
            account_id = EXCLUDED.account_id,
            plan = coalesce(EXCLUDED.plan, s.plan),
-           status = coalesce(%(status)s, s.status),
+           status = billing_effective_status(coalesce(%(status)s, s.status), EXCLUDED.expires_at, now()),
            final = EXCLUDED.final,
            event_at = EXCLUDED.event_at,
            event_id = EXCLUDED.event_id,
+           expires_at = EXCLUDED.expires_at,
            updated_at = now()
-     WHERE NOT (s.final AND NOT EXCLUDED.final)
-       AND (s.event_at < EXCLUDED.event_at
-            OR s.event_at = EXCLUDED.event_at
-               AND (coalesce(%(status)s, s.status) IN ('canceled', 'expired')
-                    OR s.status NOT IN ('canceled', 'expired')))
-    RETURNING subscription_id, account_id, prior_account_id, plan, status, event_at
+     WHERE billing_event_wins(s.final, s.event_at, s.status, s.event_id, EXCLUDED.final,
+                              EXCLUDED.event_at, coalesce(%(status)s, s.status), EXCLUDED.event_id,
+                              %(opens)s)
+    RETURNING subscription_id, account_id, prior_account_id, plan, status, event_at,
+              xmax = 0 AS opened
+), temporary_end AS (
+    UPDATE subscriptions t
+       SET status = 'expired', expires_at = least(t.expires_at, now()), updated_at = now()
+     WHERE %(supersedes_temporary)s AND t.account_id = (SELECT account_id FROM up)
+       AND t.provider = %(provider)s AND t.subscription_id LIKE 'temporary:%%'
+       AND t.subscription_id <> %(subscription_id)s AND t.status <> 'expired'
 ), linked AS (
     SELECT account_id FROM customer_links
      WHERE provider = %(provider)s AND customer_id = %(link_customer_id)s
@@ -163,20 +175,14 @@ WITH stored AS (
      WHERE %(link_customer_id)s::text IS NOT NULL AND NOT EXISTS (SELECT FROM linked)
     ON CONFLICT (provider, customer_id) DO NOTHING
 ), best AS (
-    SELECT c.plan, c.status
-      FROM (SELECT subscription_id, plan, status, event_at FROM subscriptions
-             WHERE account_id = (SELECT id FROM gate)
-               AND NOT (provider = %(provider)s AND subscription_id = %(subscription_id)s)
-            UNION ALL
-            SELECT subscription_id, plan, status, event_at FROM up) c
-     ORDER BY subscription_access_rank(c.status), c.event_at DESC, c.subscription_id
-     LIMIT 1
+    SELECT b.plan, b.status
+      FROM up, billing_deciding_subscription(up.account_id, %(provider)s, up.subscription_id, up.plan,
+                                             up.status, up.event_at, %(supersedes_temporary)s) b
 ), decided AS (
     SELECT acct.id, coalesce(best.plan, acct.plan) AS plan, best.status,
            (coalesce(best.plan, acct.plan), best.status)
                IS DISTINCT FROM (acct.plan, acct.subscription_status) AS changed,
-           coalesce(best.plan, acct.plan) <> %(free_plan)s
-               AND best.status <> ALL (%(access_statuses)s::text[]) AS lapsed
+           billing_is_lapsed(coalesce(best.plan, acct.plan), best.status, %(free_plan)s) AS lapsed
       FROM acct, up, best
 ), acct_set AS (
     UPDATE accounts a
@@ -191,7 +197,7 @@ WITH stored AS (
       FROM decided d, acct_set
      WHERE d.changed
 ), facts AS (
-    SELECT acct.id AS account_id, up.subscription_id IS NOT NULL AS applied,
+    SELECT acct.id AS account_id, up.subscription_id IS NOT NULL AS applied, up.opened,
            up.prior_account_id AS prior, linked.account_id AS linked_to,
            EXISTS (SELECT FROM stored) AS stored, EXISTS (SELECT FROM gate) AS gated
       FROM (SELECT) one
@@ -215,9 +221,10 @@ WITH stored AS (
       FROM facts f
 ), ins AS (
     INSERT INTO webhook_events (provider, event_id, type, occurred_at, status, note, account_id,
-                                subscription_id, customer_id, payload, processed_at)
+                                subscription_id, customer_id, named_accounts, payload, processed_at)
     SELECT %(provider)s, %(event_id)s, %(type)s, %(occurred_at)s, o.status, o.note, o.account_id,
-           %(subscription_id)s, %(customer_id)s, %(payload)s::json, now()
+           %(subscription_id)s, %(customer_id)s,
+           CASE WHEN o.status = 'unmatched' THEN %(account_ids)s::text[] END, %(payload)s::json, now()
       FROM outcome o
      WHERE %(store)s
     ON CONFLICT (provider, event_id) DO NOTHING
@@ -232,7 +239,17 @@ SELECT ins.id AS inbox_id, o.status, o.note, o.account_id,
             WHEN NOT %(locked)s AND o.prior <> o.account_id
             THEN billing_take_locked_path('the subscription moves from another account')
        END AS gave_way,
-       (SELECT changes FROM limits_set) AS limit_changes
+       (SELECT changes FROM limits_set) AS limit_changes,
+       -- Stored events that this one may have made applicable (inbox.apply_waiting): looked for
+       -- only when this event opened a subscription or linked a customer, which is rare.
+       CASE WHEN o.opened OR (%(link_customer_id)s::text IS NOT NULL AND o.linked_to IS NULL
+                              AND o.applied)
+            THEN EXISTS (SELECT FROM webhook_events w
+                          WHERE w.status = 'unmatched' AND w.provider = %(provider)s
+                            AND (w.subscription_id = %(subscription_id)s
+                                 OR w.customer_id = %(link_customer_id)s
+                                 OR w.named_accounts && %(account_ids)s::text[]))
+            ELSE false END AS waiting
   FROM outcome o LEFT JOIN ins ON true
 
 -- name: subscriptions_transfer
@@ -260,21 +277,52 @@ UPDATE accounts a
 RETURNING a.id, a.plan, a.subscription_status
 
 -- name: accounts_best_subscription
--- Each account's deciding subscription, ranked as in subscription_delivery.
-SELECT DISTINCT ON (account_id) account_id, plan, status
-  FROM subscriptions
- WHERE account_id = ANY(%(account_ids)s::text[])
- ORDER BY account_id, subscription_access_rank(status), event_at DESC, subscription_id
+-- Each account's deciding subscription (billing_deciding_subscription); none for an account that has
+-- no subscription.
+SELECT a.id AS account_id, b.plan, b.status
+  FROM unnest(%(account_ids)s::text[]) AS a (id)
+ CROSS JOIN LATERAL billing_deciding_subscription(a.id, NULL, NULL, NULL, NULL, NULL, false) b
 
 -- name: customer_link
--- A customer keeps the first account it was linked to; returns the account it is linked to.
+-- A customer keeps the first account it was linked to; returns the account it is linked to, and
+-- whether this made the link.
 WITH new AS (
     INSERT INTO customer_links (provider, customer_id, account_id, event_id)
     VALUES (%(provider)s, %(customer_id)s, %(account_id)s, %(event_id)s)
     ON CONFLICT (provider, customer_id) DO NOTHING
     RETURNING account_id
 )
-SELECT account_id FROM new
+SELECT account_id, true AS created FROM new
 UNION ALL
-SELECT account_id FROM customer_links WHERE provider = %(provider)s AND customer_id = %(customer_id)s
+SELECT account_id, false FROM customer_links
+ WHERE provider = %(provider)s AND customer_id = %(customer_id)s
 LIMIT 1
+
+-- name: inbox_waiting
+-- Stored `unmatched` events that a new link may make applicable, in provider order: those of the
+-- subscription, of the customer, or naming one of the accounts (or RevenueCat aliases).
+SELECT id
+  FROM webhook_events
+ WHERE status = 'unmatched'
+   AND (%(provider)s::text IS NULL OR provider = %(provider)s)
+   AND (subscription_id = %(subscription_id)s OR customer_id = %(customer_id)s
+        OR named_accounts && %(account_ids)s::text[])
+ ORDER BY occurred_at, id
+ LIMIT 1000
+
+-- name: subscriptions_due_accounts
+-- The expiry job: accounts with a subscription whose access ended by time (billing_effective_status)
+-- with no event saying so. Read without locks; each account is then handled under its lock.
+SELECT DISTINCT account_id
+  FROM subscriptions
+ WHERE expires_at <= %(at)s AND billing_effective_status(status, expires_at, %(at)s) <> status
+ LIMIT %(batch_size)s
+
+-- name: subscriptions_end_by_time
+-- Ends the account's subscriptions whose access ended by time; the caller holds the account's lock
+-- (accounts_lock) and recomputes its tier and status.
+UPDATE subscriptions
+   SET status = billing_effective_status(status, expires_at, %(at)s), updated_at = now()
+ WHERE account_id = %(account_id)s AND expires_at <= %(at)s
+   AND billing_effective_status(status, expires_at, %(at)s) <> status
+RETURNING provider, subscription_id

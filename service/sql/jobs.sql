@@ -88,6 +88,9 @@ SELECT (SELECT count(*) FROM opened) + (SELECT count(*) FROM emptied) AS counter
          ORDER BY period DESC, account_id DESC, metric DESC
          LIMIT 1) AS last ON true
 
+-- name: analyze_after_bulk_write
+SELECT analyze_after_bulk_write()
+
 -- name: reset_pending
 -- Is any live counter still in an earlier period? Checked from the start of the index before a run
 -- is marked done, so a counter the cursor passed over (or created behind it) is not missed.
@@ -95,7 +98,7 @@ SELECT EXISTS (SELECT 1 FROM quotas WHERE period < %(period)s AND NOT account_de
 
 -- name: plan_sync_accounts
 -- The next batch of live accounts, in id order, for a dry run (no locks).
-SELECT id, plan, subscription_status
+SELECT id, plan, subscription_status, billing_is_lapsed(plan, subscription_status, %(free_plan)s) AS lapsed
   FROM accounts
  WHERE NOT deleted AND id > %(after)s
  ORDER BY id
@@ -104,7 +107,7 @@ SELECT id, plan, subscription_status
 -- name: plan_sync_lock_accounts
 -- The same batch, share-locked: a webhook changing an account's plan waits for this batch (or this
 -- batch waits for it and reads the new plan), so the sync never writes a stale plan's limits.
-SELECT id, plan, subscription_status
+SELECT id, plan, subscription_status, billing_is_lapsed(plan, subscription_status, %(free_plan)s) AS lapsed
   FROM accounts
  WHERE NOT deleted AND id > %(after)s
  ORDER BY id
@@ -141,43 +144,11 @@ ON CONFLICT (account_id, metric) DO NOTHING
 RETURNING account_id, metric, plan_limit, free_limit, lapsed
 
 -- name: plan_sync_apply
--- The set-based form of quotas_follow_plan (migrations/0006, what `apply_plan` and webhook
--- deliveries call for one account), for a batch of accounts: rows whose stored plan limit, free
--- limit or lapsed flag differ from the target are locked (in key order, as the reset locks them),
--- updated and audited with old and new values. The override columns are never written. Kept
--- set-based rather than a call per account: a sync touches every account in batches.
-WITH target AS (
-    SELECT * FROM unnest(%(account_ids)s::text[], %(metrics)s::text[], %(plan_limits)s::bigint[],
-                         %(free_limits)s::bigint[], %(lapsed)s::boolean[])
-                  AS t (account_id, metric, plan_limit, free_limit, lapsed)
-), old AS (
-    SELECT q.account_id, q.metric, q.plan_limit, q.free_limit, q.lapsed,
-           q.override_set, q.override_limit
-      FROM quotas q
-      JOIN target t ON q.account_id = t.account_id AND q.metric = t.metric
-     WHERE q.plan_limit IS DISTINCT FROM t.plan_limit OR q.free_limit IS DISTINCT FROM t.free_limit
-        OR q.lapsed <> t.lapsed
-     ORDER BY q.account_id, q.metric
-       FOR UPDATE OF q
-), changed AS (
-    UPDATE quotas q
-       SET plan_limit = t.plan_limit, free_limit = t.free_limit, lapsed = t.lapsed
-      FROM target t, old
-     WHERE q.account_id = t.account_id AND q.metric = t.metric
-       AND old.account_id = t.account_id AND old.metric = t.metric
- RETURNING q.account_id, q.metric, q.plan_limit, q.free_limit, q.lapsed
-), audited AS (  -- runs whether or not it is read: data-modifying CTEs always complete
-    INSERT INTO audit_log (actor, action, account_id, metric, old, new)
-    SELECT %(actor)s, 'plan_limit_changed', c.account_id, c.metric,
-           jsonb_build_object('plan_limit', o.plan_limit, 'free_limit', o.free_limit, 'lapsed', o.lapsed),
-           jsonb_build_object('plan_limit', c.plan_limit, 'free_limit', c.free_limit, 'lapsed', c.lapsed)
-      FROM changed c JOIN old o ON o.account_id = c.account_id AND o.metric = c.metric
- RETURNING 1
-)
-SELECT c.account_id, c.metric, false AS created,
-       o.plan_limit AS old_plan_limit, c.plan_limit AS new_plan_limit,
-       o.free_limit AS old_free_limit, c.free_limit AS new_free_limit,
-       o.lapsed AS old_lapsed, c.lapsed AS new_lapsed,
-       o.override_set, o.override_limit
-  FROM changed c JOIN old o ON o.account_id = c.account_id AND o.metric = c.metric
- ORDER BY c.account_id, c.metric
+-- "Plan limits follow the tier" for a batch of accounts: quotas_follow_targets
+-- (migrations/repeatable/billing_rules.sql), the one definition that apply_plan and webhook
+-- deliveries reach through quotas_follow_plan. Kept set-based rather than a call per account: a
+-- sync touches every account in batches.
+SELECT account_id, metric, false AS created, old_plan_limit, new_plan_limit, old_free_limit,
+       new_free_limit, old_lapsed, new_lapsed, override_set, override_limit
+  FROM quotas_follow_targets(%(account_ids)s::text[], %(metrics)s::text[], %(plan_limits)s::bigint[],
+                             %(free_limits)s::bigint[], %(lapsed)s::boolean[], %(actor)s)

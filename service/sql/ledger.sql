@@ -25,17 +25,23 @@ SELECT id, at, account_id, metric, period, kind, units, used_after, lim, take_id
 -- period's rows after its latest reset row, and the last row's used_after must equal that sum too
 -- (the chain of used_after values is unbroken). Counters that moved on to a later period are
 -- checked through their rows; counters still in the period also against their `used`.
+-- Shaped so that no plan can hinge on the row estimate of the period, which is badly low right
+-- after the monthly reset wrote it: one pass over the period's rows (the latest reset found by a
+-- window over the same sort the aggregate needs, not by joining the rows back to themselves, which
+-- a planner expecting one row runs as a nested loop: quadratic), then a FULL JOIN, which Postgres
+-- can only run as a hash or merge join.
 WITH rows AS (
-    SELECT account_id, metric, id, kind, units, used_after FROM ledger WHERE period = %(period)s
-), last_reset AS (
-    SELECT account_id, metric, max(id) AS id FROM rows WHERE kind = 'reset' GROUP BY account_id, metric
+    SELECT account_id, metric, id, kind, units, used_after,
+           max(id) FILTER (WHERE kind = 'reset') OVER (PARTITION BY account_id, metric) AS reset_id
+      FROM ledger
+     WHERE period = %(period)s
 ), sums AS (
-    SELECT r.account_id, r.metric,
-           coalesce(sum(CASE r.kind WHEN 'take' THEN r.units WHEN 'release' THEN -r.units ELSE 0 END)
-                        FILTER (WHERE r.id > coalesce(lr.id, 0)), 0)::bigint AS ledger_used,
-           (array_agg(r.used_after ORDER BY r.id DESC))[1] AS last_used_after
-      FROM rows r LEFT JOIN last_reset lr USING (account_id, metric)
-     GROUP BY r.account_id, r.metric
+    SELECT account_id, metric,
+           coalesce(sum(CASE kind WHEN 'take' THEN units WHEN 'release' THEN -units ELSE 0 END)
+                        FILTER (WHERE id > coalesce(reset_id, 0)), 0)::bigint AS ledger_used,
+           (array_agg(used_after ORDER BY id DESC))[1] AS last_used_after
+      FROM rows
+     GROUP BY account_id, metric
 ), counters AS (
     SELECT account_id, metric, used FROM quotas WHERE period = %(period)s
 )

@@ -157,7 +157,8 @@ RETURNING (xmax = 0) AS created
 -- Creates the counter rows an account lacks (new account, or a metric added to the plan config),
 -- with the limits of its plan. Existing rows are left alone.
 INSERT INTO quotas (account_id, metric, plan_limit, free_limit, lapsed, account_deleted, period)
-SELECT a.id, m.metric, m.plan_limit, m.free_limit, %(lapsed)s, a.deleted, %(period)s
+SELECT a.id, m.metric, m.plan_limit, m.free_limit,
+       billing_is_lapsed(a.plan, a.subscription_status, %(free_plan)s), a.deleted, %(period)s
   FROM accounts a,
        unnest(%(metrics)s::text[], %(plan_limits)s::bigint[], %(free_limits)s::bigint[])
            AS m (metric, plan_limit, free_limit)
@@ -215,8 +216,9 @@ SELECT coalesce(sum(CASE kind WHEN 'take' THEN units WHEN 'release' THEN -units 
 
 -- name: apply_plan
 -- Sets an account's plan tier and subscription status and, in the same statement, brings its
--- stored plan limits (and lapsed flag) in line through quotas_follow_plan (migrations/0006: only
--- rows whose values differ, never the override columns, an audit row per changed limit).
+-- stored plan limits (and lapsed flag, billing_is_lapsed) in line through quotas_follow_plan
+-- (migrations/repeatable/billing_rules.sql: only rows whose values differ, never the override
+-- columns, an audit row per changed row).
 -- `found` = 0 means no such account.
 WITH account AS (
     UPDATE accounts
@@ -225,7 +227,9 @@ WITH account AS (
  RETURNING id
 )
 SELECT count(*) AS found,
-       coalesce(sum(quotas_follow_plan(id, %(plan)s, %(lapsed)s, %(actor)s, %(free_plan)s,
+       coalesce(sum(quotas_follow_plan(id, %(plan)s,
+                                       billing_is_lapsed(%(plan)s, %(status)s, %(free_plan)s),
+                                       %(actor)s, %(free_plan)s,
                                        %(plan_names)s::text[], %(plan_metrics)s::text[],
                                        %(plan_limits)s::bigint[])), 0) AS limit_changes
   FROM account

@@ -5,16 +5,25 @@ configured in its dashboard, which is compared in constant time with REVENUECAT_
 
 A subscription is identified by its store and `original_transaction_id` (stable across renewals and
 resubscriptions in the store), so every event about one purchase chain orders against the others.
+
+Access is bounded in time: `expiration_at_ms` is when the purchase's access ends (null: never, a
+lifetime purchase), whether or not an EXPIRATION event ever comes; a BILLING_ISSUE's grace period
+ends at `grace_period_expiration_at_ms`. A TEMPORARY_ENTITLEMENT_GRANT (a store outage: RevenueCat
+grants access before the store confirms the purchase; its sample carries no product and no
+transaction ids) is its own subscription of at most 24 hours, which the purchase's own events end.
+The customer is RevenueCat's `original_app_user_id`: linked to the account an event resolves to, it
+lets the events of the same customer that named only an anonymous id find the account later.
 """
 
 from __future__ import annotations
 
 import hmac
+from datetime import datetime, timedelta
 from typing import Any
 
 from service.billing.events import Change, Envelope, NoChange, PlanKeys, SubscriptionChange, Transfer
 from service.errors import MalformedWebhook, UntranslatableEvent, WebhooksNotConfigured, WebhookUnauthorized
-from service.webhooks._json import integer, loads, obj, since_epoch, text, texts
+from service.webhooks._json import EPOCH, integer, loads, obj, since_epoch, text, texts
 
 PROVIDER = "revenuecat"
 
@@ -43,6 +52,10 @@ NO_CHANGE = {
 }
 # The allowlist: any other type is stored as ignored without being translated.
 ALLOWED_TYPES = frozenset({*STATUS_BY_TYPE, *NO_CHANGE, "PRODUCT_CHANGE", "TRANSFER"})
+
+TEMPORARY_GRANT = "TEMPORARY_ENTITLEMENT_GRANT"
+# RevenueCat: a temporary entitlement grant lasts at most 24 hours.
+TEMPORARY_GRANT_MAX = timedelta(hours=24)
 
 
 def authenticate(header: str | None, expected: str) -> None:
@@ -113,17 +126,45 @@ def _subscription(type_: str, event: dict[str, Any]) -> SubscriptionChange:
     if type_ == "CANCELLATION" and text(event, "cancel_reason") == "BILLING_ERROR":
         status = "past_due"  # sent with BILLING_ISSUE: a failed charge, still in grace
     entitlements = texts(event.get("entitlement_ids")) or texts([event.get("entitlement_id")])
+    temporary = type_ == TEMPORARY_GRANT
+    expires_at = _time(event, "expiration_at_ms")
+    if status == "past_due":
+        # A failed charge (BILLING_ISSUE, or the CANCELLATION sent with it): the period it paid for
+        # has ended, and access continues through the grace period, until its end if RevenueCat
+        # gives one, else until the EXPIRATION or RENEWAL that settles it.
+        expires_at = _time(event, "grace_period_expiration_at_ms")
+    if temporary:
+        at = _time(event, "event_timestamp_ms") or EPOCH
+        expires_at = min(expires_at or at + TEMPORARY_GRANT_MAX, at + TEMPORARY_GRANT_MAX)
     return SubscriptionChange(
-        subscription_id=_subscription_id(event),
+        subscription_id=_temporary_id(event) if temporary else _subscription_id(event),
         account_ids=texts(
             [event.get("app_user_id"), event.get("original_app_user_id"), *_list(event, "aliases")]
         ),
+        customer_id=text(event, "original_app_user_id") or text(event, "app_user_id"),
         plan_keys=PlanKeys(
             revenuecat_entitlements=entitlements, revenuecat_product=text(event, "product_id")
         ),
         status=status,
         status_if_new=status or access,
+        opens=type_ == "INITIAL_PURCHASE",
+        expires_at=expires_at,
+        supersedes_temporary=not temporary,
     )
+
+
+def _time(event: dict[str, Any], key: str) -> datetime | None:
+    return since_epoch(integer(event, key), per_second=1000)
+
+
+def _temporary_id(event: dict[str, Any]) -> str:
+    """A temporary grant's own subscription: one per store and customer (the grant stands in for a
+    purchase whose transaction the store has not confirmed, so it has no transaction id)."""
+    store = text(event, "store") or "UNKNOWN_STORE"
+    user = text(event, "original_app_user_id") or text(event, "app_user_id")
+    if not user:
+        raise UntranslatableEvent("the temporary entitlement grant names no app user")
+    return f"temporary:{store}:{user}"
 
 
 def _list(event: dict[str, Any], key: str) -> list[Any]:

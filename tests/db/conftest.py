@@ -8,6 +8,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.conftest import connect as connect_db
 from tests.conftest import with_database
 
 THREADS = 50
@@ -20,7 +21,7 @@ def connect(db_url: str) -> Iterator[Callable[[int], list[psycopg.Connection[Any
 
     def connect(n: int) -> list[psycopg.Connection[Any]]:
         with ThreadPoolExecutor(max_workers=min(n, 16)) as pool:
-            new = list(pool.map(lambda _: psycopg.connect(db_url, autocommit=True), range(n)))
+            new = list(pool.map(lambda _: connect_db(db_url), range(n)))
         opened.extend(new)
         return new
 

@@ -49,7 +49,10 @@ REFUSED = {
 STATE = """
 SELECT (SELECT array_agg(a ORDER BY id) FROM accounts a)::text,
        (SELECT array_agg(q ORDER BY account_id, metric) FROM quotas q)::text,
-       (SELECT array_agg(s ORDER BY subscription_id) FROM subscriptions s)::text,
+       -- the columns as of 0005: later migrations add some (0008: expires_at), which is no change
+       (SELECT array_agg((s.provider, s.subscription_id, s.account_id, s.prior_account_id, s.plan,
+                          s.status, s.final, s.event_at, s.event_id, s.updated_at)
+                         ORDER BY subscription_id) FROM subscriptions s)::text,
        (SELECT array_agg((w.id, w.provider, w.event_id, w.type, w.status) ORDER BY id)
           FROM webhook_events w)::text,
        (SELECT array_agg(l ORDER BY customer_id) FROM customer_links l)::text

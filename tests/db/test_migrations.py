@@ -41,3 +41,35 @@ def test_migrate_command(empty_db):
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr
     assert again.stdout.strip() == "database is up to date"
+
+
+def test_the_repeatable_rules_are_applied_on_every_run(empty_db):
+    migrate(empty_db)
+    with psycopg.connect(empty_db, autocommit=True) as c:
+        # an outdated definition, as a database migrated by an older release would hold
+        c.execute(
+            "CREATE OR REPLACE FUNCTION billing_keeps_access(status text) RETURNS boolean"
+            " LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT false $$"
+        )
+    assert migrate(empty_db) == []  # no versioned migration pending, the rules applied anyway
+    with psycopg.connect(empty_db, autocommit=True) as c:
+        assert c.execute("SELECT billing_keeps_access('active')").fetchone() == (True,)
+
+
+def test_the_app_role_can_use_the_rules(empty_db):
+    """quota_app (what the web and worker processes log in as a member of) calls every rule the
+    delivery, plan sync and the expiry job call."""
+    migrate(empty_db)
+    with psycopg.connect(empty_db) as c:
+        c.execute("INSERT INTO accounts (id, kind, plan) VALUES ('acc-1', 'user', 'free')")
+        c.execute("SET ROLE quota_app")
+        row = c.execute(
+            "SELECT billing_is_lapsed('pro', 'expired', 'free'), subscription_access_rank('past_due'),"
+            " billing_event_wins(false, now(), 'active', 'a', false, now(), 'canceled', 'b', false),"
+            " billing_effective_status('active', now() - interval '1 s', now()),"
+            " (SELECT count(*)"
+            "    FROM billing_deciding_subscription('acc-1', NULL, NULL, NULL, NULL, NULL, false)),"
+            " quotas_follow_plan('acc-1', 'free', false, 'test', 'free', '{free}', '{urls}', '{5}')"
+        ).fetchone()
+        assert row == (True, 1, True, "expired", 0, 0)
+        c.rollback()

@@ -212,10 +212,18 @@ def test_apply_plan_counts_and_audits_each_limit_it_changes(client, keys, accoun
         ("seats", 1, 5),
         ("urls", 50, 500),
     ]
-    # the same plan again, or only a lapse (the values stay, the free fallback switches): no audit row
+    # the same plan again: no audit row
     assert accounts.apply_plan(conn, plans, account_id=account, plan="pro", status="active", actor="t") == 0
-    assert accounts.apply_plan(conn, plans, account_id=account, plan="pro", status="canceled", actor="t") == 0
     assert len(audit_rows()) == 3
+    # only a lapse (the values stay, the free fallback switches): audited too, as plan sync audits it
+    # (one definition, quotas_follow_targets), with the lapsed flag in old and new
+    assert accounts.apply_plan(conn, plans, account_id=account, plan="pro", status="canceled", actor="t") == 3
+    lapse = audit_rows()[3:]
+    assert [(m, o["lapsed"], n["lapsed"], o["plan_limit"] == n["plan_limit"]) for m, o, n in lapse] == [
+        ("api_calls", False, True, True),
+        ("seats", False, True, True),
+        ("urls", False, True, True),
+    ]
     assert _limit(client, keys, account)["limit_source"] == "free_fallback"
     # a plan the config does not know gets the free plan's limits
     assert accounts.apply_plan(conn, plans, account_id=account, plan="gone", status="active", actor="t") == 3

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from service.billing.plans import ACCESS_STATUSES, load_plans, parse_plans
+from service.billing.plans import load_plans, parse_plans
 from service.errors import PlanConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,12 +45,11 @@ def test_limits_unlimited_and_unlisted_metrics():
     assert cfg.plan_for_stripe_price("nope") is None
 
 
-def test_lapsed_only_for_paid_plans_without_access():
-    cfg = load_plans(ROOT / "tests" / "plans.toml")
-    assert {"active", "trialing", "past_due"} == ACCESS_STATUSES
-    for status in STATUSES:
-        assert cfg.is_lapsed("free", status) is False
-        assert cfg.is_lapsed("pro", status) is (status not in ACCESS_STATUSES)
+def test_the_highest_plan_wins_when_keys_name_several():
+    cfg = load_plans(ROOT / "tests" / "plans.toml")  # free, basic, pro, business: lowest first
+    assert cfg.plan_for_stripe_price("pro_monthly", "basic_monthly") == "pro"
+    assert cfg.plan_for_stripe_price("basic_monthly", "business_monthly", "pro_monthly") == "business"
+    assert cfg.plan_for_revenuecat(["basic", "pro"], None) == "pro"
 
 
 def test_revenuecat_entitlement_wins_over_product():

@@ -17,8 +17,37 @@ CUSTOMER = "cus_SfT9ab12CdEf34"
 STRIPE_ACCOUNT = "acc_7f3c21"
 
 
+DAY_MS = 86_400_000
+# RevenueCat access is bounded by wall-clock time (expiration_at_ms), and event times more than an
+# hour in the future are not applied, so the RevenueCat fixtures' times (a story from June to
+# August 2026) are moved when loaded: the story's events to end two days ago, its expirations to
+# start a day from now. Order and spacing within each kind are kept.
+EXPIRY_FIELDS = ("expiration_at_ms", "grace_period_expiration_at_ms")
+
+
+def _rc_times(field: str) -> list[int]:
+    return [
+        v
+        for p in (FIXTURES / "revenuecat").glob("*.json")
+        if isinstance(v := json.loads(p.read_text())["event"].get(field), int)
+    ]
+
+
+def _fresh(event: dict[str, Any]) -> dict[str, Any]:
+    now_ms = int(time.time() * 1000)
+    past = now_ms - 2 * DAY_MS - max(_rc_times("event_timestamp_ms"))
+    future = now_ms + DAY_MS - min(_rc_times("expiration_at_ms"))
+    for key, value in list(event.items()):
+        if key.endswith("_ms") and isinstance(value, int):
+            event[key] = value + (future if key in EXPIRY_FIELDS else past)
+    return event
+
+
 def fixture(provider: str, name: str) -> dict[str, Any]:
-    return json.loads((FIXTURES / provider / f"{name}.json").read_text())
+    data: dict[str, Any] = json.loads((FIXTURES / provider / f"{name}.json").read_text())
+    if provider == "revenuecat":
+        _fresh(data["event"])
+    return data
 
 
 def stripe_fixtures() -> list[str]:

@@ -10,8 +10,6 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import psycopg
-
 from service.billing import inbox
 from service.billing.events import Envelope
 from service.billing.inbox import Receipt
@@ -19,6 +17,7 @@ from service.billing.plans import PlanConfig
 from service.quota.accounts import upsert_account
 from service.webhooks import revenuecat, stripe
 from tests.conftest import STRIPE_SECRET
+from tests.conftest import connect as connect_db
 from tests.webhooks.helpers import body_of, fixture, now, sign, stripe_subscription_event
 
 ACCOUNT = "acc_one_statement"
@@ -68,13 +67,13 @@ def while_held(
     results: list[Receipt | BaseException] = []
 
     def deliver() -> None:
-        with psycopg.connect(db_url, autocommit=True) as c:
+        with connect_db(db_url) as c:
             try:
                 results.append(receive(c, plans, then))
             except BaseException as e:  # surfaced below
                 results.append(e)
 
-    with psycopg.connect(db_url, autocommit=True) as holder:
+    with connect_db(db_url) as holder:
         with holder.transaction():
             held = hold(holder)
             worker = threading.Thread(target=deliver)

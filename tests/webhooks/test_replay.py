@@ -41,25 +41,26 @@ def test_unmatched_stripe_event_then_replay(client: Any, keys: Any, conn: Any) -
     again = replay(client, keys, item["id"])
     assert (again.status_code, again.json["status"], again.json["attempts"]) == (200, "unmatched", 2)
 
+    # creating the account applies it at once (a replay by the link), no admin needed
     create_account(client, keys, "acc_7f3c21")
-    done = replay(client, keys, item["id"])
-    assert done.status_code == 200, done.json
-    assert (done.json["status"], done.json["account_id"], done.json["attempts"]) == (
-        "applied",
-        "acc_7f3c21",
-        3,
-    )
+    done = conn.execute("SELECT status, account_id, attempts FROM webhook_events").fetchall()
+    assert done == [("applied", "acc_7f3c21", 3)]
     assert state(client, keys, "acc_7f3c21") == ("pro", "active", 500, "plan")
     assert events(client, keys, status="unmatched")["items"] == []
     actors = conn.execute(
         "SELECT DISTINCT actor FROM audit_log"
         " WHERE account_id = 'acc_7f3c21' AND action = 'plan_limit_changed'"
     ).fetchall()
-    assert actors == [("replay:test-admin:stripe:evt_1RmUpg8Lt4dXK03v5QwErTyU",)]
+    assert actors == [("replay:link:stripe:evt_1RmUpg8Lt4dXK03v5QwErTyU",)]
+
+    # an admin replay now re-applies the same state: nothing changes
+    again = replay(client, keys, item["id"])
+    assert (again.json["status"], again.json["attempts"]) == ("applied", 4)
+    assert state(client, keys, "acc_7f3c21") == ("pro", "active", 500, "plan")
     replays = conn.execute(
         "SELECT actor, new->>'status' FROM audit_log WHERE action = 'event_replayed' ORDER BY id"
     ).fetchall()
-    assert replays == [("test-admin", "unmatched"), ("test-admin", "applied")]
+    assert replays == [("test-admin", "unmatched"), ("link", "applied"), ("test-admin", "applied")]
 
 
 def test_unmatched_revenuecat_events_replayed_in_any_order(client: Any, keys: Any, conn: Any) -> None:

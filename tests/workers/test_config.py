@@ -74,7 +74,12 @@ def fires(schedule: crontab, start: datetime, hours: int) -> list[datetime]:
 
 def test_beat_schedule() -> None:
     tasks = {entry["task"] for entry in BEAT_SCHEDULE.values()}
-    assert tasks == {"quota.monthly_reset", "quota.reset_catch_up", "quota.plan_sync"}
+    assert tasks == {
+        "quota.monthly_reset",
+        "quota.reset_catch_up",
+        "quota.plan_sync",
+        "billing.expire_access",
+    }
     monthly = BEAT_SCHEDULE["monthly-reset"]["schedule"]
     assert monthly == crontab(minute=5, hour=0, day_of_month=1)
     # over two months (one starting on a Sunday, so a day_of_week trap would show), it fires on the
@@ -87,13 +92,16 @@ def test_beat_schedule() -> None:
     tick = BEAT_SCHEDULE["reset-catch-up"]["schedule"]
     assert len(fires(tick, start, 24)) == 24  # hourly
     assert len(fires(BEAT_SCHEDULE["plan-sync"]["schedule"], start, 72)) == 3  # daily
+    assert len(fires(BEAT_SCHEDULE["expire-access"]["schedule"], start, 24)) == 24  # hourly
 
 
 def test_registered_tasks() -> None:
     from workers.app import app
 
     app.loader.import_default_modules()
-    assert {"quota.monthly_reset", "quota.reset_catch_up", "quota.plan_sync"} <= set(app.tasks)
+    assert {"quota.monthly_reset", "quota.reset_catch_up", "quota.plan_sync", "billing.expire_access"} <= set(
+        app.tasks
+    )
 
 
 @pytest.mark.parametrize(

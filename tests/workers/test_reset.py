@@ -18,6 +18,7 @@ from service.billing.plans import PlanConfig
 from service.db import transaction, try_advisory_xact_lock
 from service.quota import reset
 from service.quota.takes import take
+from tests.conftest import connect as connect_db
 from tests.workers.conftest import (
     AT,
     P0,
@@ -100,7 +101,7 @@ def test_concurrent_runs_and_duplicate_delivery_reset_once(
 
     def run() -> None:
         try:
-            with psycopg.connect(db_url, autocommit=True) as c:
+            with connect_db(db_url) as c:
                 barrier.wait()
                 outcomes.append(reset.reset_month(c, at=AT, batch_size=4))
         except BaseException as e:
@@ -215,7 +216,7 @@ def test_take_in_new_period_before_the_reset_reached_it_keeps_its_units(
     result: list[reset.ResetOutcome] = []
 
     def run() -> None:
-        with psycopg.connect(db_url, autocommit=True) as c:
+        with connect_db(db_url) as c:
             result.append(reset.reset_month(c, at=AT, batch_size=3, pause=0.1))
 
     job = threading.Thread(target=run)

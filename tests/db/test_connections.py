@@ -1,0 +1,47 @@
+"""Every connection the service opens (the web pool, worker tasks, CLI commands) takes the same
+arguments: DB_PREPARED_STATEMENTS, a bounded connect timeout, autocommit."""
+
+from __future__ import annotations
+
+import pytest
+
+from service import cli, db
+from service.config import Settings
+from workers import tasks
+
+
+@pytest.mark.parametrize(("value", "prepared"), [("on", True), ("off", False), ("OFF", False), ("1", True)])
+def test_db_prepared_statements_is_read_from_the_environment(value: str, prepared: bool) -> None:
+    settings = Settings.from_env({"DATABASE_URL": "postgresql://x@h/d", "DB_PREPARED_STATEMENTS": value})
+    assert settings.db_prepared_statements is prepared
+    assert Settings.from_env({"DATABASE_URL": "postgresql://x@h/d"}).db_prepared_statements is True
+
+
+def test_a_bad_db_prepared_statements_is_refused() -> None:
+    with pytest.raises(RuntimeError, match="DB_PREPARED_STATEMENTS"):
+        Settings.from_env({"DATABASE_URL": "postgresql://x@h/d", "DB_PREPARED_STATEMENTS": "maybe"})
+
+
+@pytest.mark.parametrize("prepared", [True, False])
+def test_every_connection_honours_the_setting(db_url: str, prepared: bool) -> None:
+    settings = Settings(database_url=db_url, db_prepared_statements=prepared)
+    threshold = 5 if prepared else None
+    database = db.Database(settings)
+    try:
+        with database.connection() as conn:
+            assert conn.prepare_threshold == threshold and conn.autocommit
+    finally:
+        database.close()
+    for opened in (
+        tasks._connect(settings),
+        cli._connect(settings),
+        db.connect(settings, application_name="t"),
+    ):
+        with opened as conn:
+            assert conn.prepare_threshold == threshold and conn.autocommit
+
+
+def test_a_connect_timeout_unless_the_url_sets_one() -> None:
+    assert db.connect_kwargs(Settings(database_url="postgresql://x@h/d"))["connect_timeout"] == 2
+    url = "postgresql://x@h/d?connect_timeout=10"
+    assert "connect_timeout" not in db.connect_kwargs(Settings(database_url=url))
