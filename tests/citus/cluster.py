@@ -164,7 +164,13 @@ class Cluster:
     def drop_database(self, name: str) -> None:
         def drop(port: int) -> None:
             with psycopg.connect(self.node_url(port), autocommit=True) as c:
-                for attempt in range(100):  # FORCE ends sessions, not Citus's maintenance daemon
+                # FORCE ends sessions, not Citus's maintenance daemon, which reconnects unless the
+                # database refuses connections.
+                try:
+                    c.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS false')
+                except psycopg.errors.InvalidCatalogName:
+                    return
+                for attempt in range(100):
                     try:
                         c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
                         return

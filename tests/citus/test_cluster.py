@@ -56,6 +56,7 @@ PARAMS: dict[str, Any] = {
     "take_id": 1,
     "kind": "user",
     "plan": "free",
+    "free_plan": "free",
     "stripe_customer_id": None,
     "lapsed": False,
     "plan_limits": [10, 1],
