@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--procs", type=int, default=2, help="processes the threads run in")
     ap.add_argument("--no-hot", action="store_true", help="skip the hot-account variant")
     ap.add_argument("--keep", action="store_true", help="leave the cluster up for the HTTP bench")
+    ap.add_argument("--db", default="bench_ql", help="scratch database on --pg (the cluster uses bench_ql)")
     args = ap.parse_args(argv)
     if not args.pg:
         ap.error("give --pg URL or set DATABASE_URL")
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"no local Citus cluster here: {reason}")
 
     print("setting up bench_ql on one PostgreSQL and on a local Citus cluster ...", flush=True)
-    plain = service_database(args.pg, "bench_ql")
+    plain = service_database(args.pg, args.db)
     cluster = citus.start()
     try:
         cluster.drop_database("bench_ql")
