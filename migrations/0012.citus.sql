@@ -5,21 +5,23 @@
 --
 -- * accounts, quotas, ledger, audit_log: distributed by account (accounts.id, the others'
 --   account_id), co-located, so that every per-account statement, the take's UPDATE + INSERT
---   included, runs on one shard with its full transactional guarantees. Their unique indexes all
+--   included, touches one shard group with its full transactional guarantees. Their unique indexes all
 --   start with account_id, so each is enforced on its shard: one take per idempotency key, one
 --   release per take, one period opening per counter.
 -- * api_keys, job_runs, and the billing tables (webhook_events, subscriptions, customer_links):
 --   reference tables, a copy on every node. The first two are tiny and read by everyone. The billing
 --   ones are found by provider ids, not by account (an event's account is known only once it is
 --   resolved; a subscription moves between accounts), and a reference table joins any one account's
---   shard on that shard, so a delivery's effect on its account stays on one shard; the price is a
---   write on every node per delivery (webhooks are rare next to takes).
+--   shard on that shard, so a delivery's effect on its account can stay on one shard; the price is a
+--   write on every node per delivery (webhooks are rare next to takes). The delivery statement itself
+--   is not yet shaped for that (README "Scaling out", "Not yet on Citus").
 --
 -- What Citus requires, and why each change keeps the guarantee:
 -- * Co-location needs one type for the distribution columns: accounts.id goes back from the
 --   account_key domain (0005) to text, with the same rule as a table CHECK.
 -- * A unique constraint on a distributed table must contain the distribution column, so
---   UNIQUE (stripe_customer_id) cannot stay (README "Scaling out" says what holds instead).
+--   UNIQUE (stripe_customer_id) cannot stay: on the cluster the product's customer link is not
+--   checked across accounts yet (README "Scaling out", "Not yet on Citus").
 -- * Foreign keys from a reference table to a distributed one are refused: subscriptions' and
 --   customer_links' to accounts go (every writer resolves the account through accounts first,
 --   under its row lock). quotas' stays: it joins two co-located tables on the distribution column.
@@ -29,7 +31,7 @@
 --   what makes them safe; tests/citus checks UPDATE, DELETE and TRUNCATE are refused on the cluster.
 -- * Writers draw ledger ids with nextval('ledger_id_seq') in the counter's UPDATE. PostgreSQL draws
 --   it again after a lock wait (0009: chain order is id order); Citus draws it once, on the
---   coordinator, before it routes the statement to the shard, so a writer that waited for the
+--   coordinator, before it sends the UPDATE to the shard, so a writer that waited for the
 --   counter's row could chain an id lower than the one before it (and a take could land "before" a
 --   reset it followed). quotas_chain_in_id_order refuses that on the shard with SQLSTATE 40001
 --   (serialization_failure): the statement rolls back whole and the writer runs it again with a
