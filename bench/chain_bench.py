@@ -3,7 +3,7 @@ Postgres (target: on / off >= 0.9, in-process and over HTTP).
 
     bench/run chain [--reps 5] [--seconds 10] [--wrk "-t2 -c32 -d10s"]   (or: python bench/chain_bench.py)
 
-Chain on is the service as it is (service/sql/quota.sql `take`, on `bench_chain_on`). Chain off is the take
+Chain on is the service as it is (service/quota/takes.sql `take`, on `bench_chain_on`). Chain off is the take
 statement from before the chain (bench/take_unchained.sql: no id drawn in the UPDATE, no hash, no
 head), run by the very same take() and the very same `quota-ledger serve` on `bench_chain_off`, a
 copy of the same schema whose `ledger.hash` accepts NULL. Both databases are seeded alike (100,000
@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import psycopg  # noqa: E402
-from common import server, with_database  # noqa: E402
+from common import server, server_urls, with_database  # noqa: E402
 from http_bench import WrkResult, measured, run_wrk, wait_ready  # noqa: E402
 from take_bench import (  # noqa: E402
     ACCOUNTS,
@@ -79,8 +79,6 @@ def alternate(rep: int, run: Callable[[str], float]) -> tuple[float, float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pg", default=os.environ.get("DATABASE_URL"), help="Postgres server URL")
-    ap.add_argument("--redis", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=10, help="per pgbench and take() run")
     ap.add_argument("--threads", type=int, default=8)
@@ -91,13 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-setup", action="store_true", help=f"reuse {ON} / {OFF} as they are")
     ap.add_argument("--log", default=str(HERE / "chain_bench.log"), help="server output goes here")
     args = ap.parse_args(argv)
-    if not args.pg:
-        ap.error("give --pg URL or set DATABASE_URL")
+    pg, redis_url = server_urls(ap)
     if args.no_setup:
-        on, off = with_database(args.pg, ON), with_database(args.pg, OFF)
+        on, off = with_database(pg, ON), with_database(pg, OFF)
     else:
         print(f"setting up {ON} and {OFF} ...", flush=True)
-        on, off = setup(args.pg)
+        on, off = setup(pg)
     off_sql = unchained_sql()
     summary = []
 
@@ -147,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         with ExitStack() as stack:
             pids = {}
             for side in ("on", "off"):
-                env = {**os.environ, "DATABASE_URL": dbs[side], "REDIS_URL": args.redis}
+                env = {**os.environ, "DATABASE_URL": dbs[side], "REDIS_URL": redis_url}
                 env["PLANS_FILE"] = str(PLANS_FILE)
                 env.pop("PROMETHEUS_MULTIPROC_DIR", None)
                 cmd = [py, str(HERE / "serve_variant.py")]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import os
 import re
 import signal
 import subprocess
@@ -12,6 +14,15 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+
+
+def server_urls(ap: argparse.ArgumentParser) -> tuple[str, str]:
+    """DATABASE_URL and REDIS_URL: the one way every benchmark is told its servers, as the service
+    itself is. DATABASE_URL may name any database of the server: the scratch ones sit beside it."""
+    pg = os.environ.get("DATABASE_URL")
+    if not pg:
+        ap.error("set DATABASE_URL (and REDIS_URL, default redis://127.0.0.1:6379/0)")
+    return pg, os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 def with_database(url: str, name: str) -> str:

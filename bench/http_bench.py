@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import psycopg  # noqa: E402
-from common import server, wrk_ms, wrk_seconds  # noqa: E402
+from common import server, server_urls, wrk_ms, wrk_seconds  # noqa: E402
 from take_bench import (  # noqa: E402
     ACCOUNTS,
     BASELINE,
@@ -161,8 +161,6 @@ def wait_ready(url: str, path: str, key: str, timeout: float = 30) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pg", default=os.environ.get("DATABASE_URL"), help="Postgres server URL")
-    ap.add_argument("--redis", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--wrk", default="-t2 -c32 -d10s", help="wrk settings, the same for both servers")
@@ -171,20 +169,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-setup", action="store_true", help="reuse bench_ql / bench_bl as they are")
     ap.add_argument("--log", default=str(HERE / "http_bench.log"), help="server output goes here")
     args = ap.parse_args(argv)
-    if not args.pg:
-        ap.error("give --pg URL or set DATABASE_URL")
+    pg, redis_url = server_urls(ap)
     if args.no_setup:
-        ql, bl = with_database(args.pg, "bench_ql"), with_database(args.pg, "bench_bl")
+        ql, bl = with_database(pg, "bench_ql"), with_database(pg, "bench_bl")
     else:
         print("setting up bench_ql and bench_bl ...", flush=True)
-        ql, bl = setup(args.pg)
+        ql, bl = setup(pg)
     key = product_key(ql)
     wrk_args = shlex.split(args.wrk)
     log = Path(args.log)
     ours_url = f"http://127.0.0.1:{args.port}"
     base_url = f"http://127.0.0.1:{args.port + 1}"
     py = sys.executable
-    ours_env = {**os.environ, "DATABASE_URL": ql, "REDIS_URL": args.redis, "PLANS_FILE": str(PLANS_FILE)}
+    ours_env = {**os.environ, "DATABASE_URL": ql, "REDIS_URL": redis_url, "PLANS_FILE": str(PLANS_FILE)}
     ours_env["WEBHOOK_ENVIRONMENT"] = "any"  # serve refuses to start without one; no webhook is sent here
     ours_env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # serve makes its own
     base_env = {**os.environ, "DATABASE_URL": bl}

@@ -33,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import psycopg  # noqa: E402
-from common import recreate_database, server, with_database  # noqa: E402
+from common import recreate_database, server, server_urls, with_database  # noqa: E402
 from take_bench import PLANS_FILE, ROOT  # noqa: E402
 
 from service.keys import create_key  # noqa: E402
@@ -137,21 +137,18 @@ def endpoint_export(url: str, key: str, period: str) -> tuple[float, int]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pg", default=os.environ.get("DATABASE_URL"), help="Postgres server URL")
-    ap.add_argument("--redis", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--port", type=int, default=8121)
     ap.add_argument("--no-setup", action="store_true", help=f"reuse {DB} as it is")
     ap.add_argument("--log", default=str(HERE / "ledger_tools_bench.log"), help="server output goes here")
     args = ap.parse_args(argv)
-    if not args.pg:
-        ap.error("give --pg URL or set DATABASE_URL")
+    pg, redis_url = server_urls(ap)
     if args.no_setup:
-        db = with_database(args.pg, DB)
+        db = with_database(pg, DB)
     else:
         print(f"seeding {DB} with {args.rows:,} chained ledger rows ...", flush=True)
-        db = seed(args.pg, args.rows)
+        db = seed(pg, args.rows)
     period = periods.current_period()
     with psycopg.connect(db, autocommit=True) as conn:
         rows = conn.execute("SELECT count(*) FROM ledger WHERE period = %s", (period,)).fetchone()[0]  # type: ignore[index]
@@ -159,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             "UPDATE api_keys SET revoked_at = now() WHERE name = 'bench-finance' AND revoked_at IS NULL"
         )
         key = create_key(conn, name="bench-finance", role="finance", actor="system:bench")
-    env = {**os.environ, "DATABASE_URL": db, "REDIS_URL": args.redis, "PLANS_FILE": str(PLANS_FILE)}
+    env = {**os.environ, "DATABASE_URL": db, "REDIS_URL": redis_url, "PLANS_FILE": str(PLANS_FILE)}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     py = sys.executable
     out_file = Path(tempfile.mkdtemp(prefix="bench-ledger-")) / "export.csv"

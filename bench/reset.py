@@ -1,16 +1,15 @@
 """Monthly reset benchmark: 1,000,000 counters, wall time, and take latency during the reset.
 
-    .venv/bin/python bench/reset.py [--pg URL] [--counters 1000000] [--batch-size 500]
-                                    [--duty 0.1] [--min-rate 1500] [--take-procs 4]
-                                    [--take-rate 1000] [--baseline-seconds 20] [--reps 3]
-                                    [--quiet-run]
+    bench/run reset [--counters 1000000] [--batch-size 500] [--duty 0.1] [--min-rate 1500]
+                    [--take-procs 4] [--take-rate 1000] [--baseline-seconds 20] [--reps 3]
+                    [--quiet-run]
 
-Creates a scratch database `bench_reset` on the server named by --pg (default:
-postgresql://postgres@127.0.0.1:5432/postgres) with our migrations and `--counters` counters
-(accounts x 3 metrics) in period P0 (this month), nine in ten holding usage, so nine in ten get a
-reset ledger row (the expensive case). Then, per repetition (fresh seed each time), on one server,
-with `--take-procs` processes issuing `service.quota.takes.take()` against random counters at
-`--take-rate` takes/s in total (paced, open loop per process; latency measured per call):
+Creates a scratch database `bench_reset` on the server named by DATABASE_URL with our migrations
+and `--counters` counters (accounts x 3 metrics) in period P0 (this month), nine in ten holding
+usage, so nine in ten get a reset ledger row (the expensive case). Then, per repetition (fresh
+seed each time), on one server, with `--take-procs` processes issuing `service.quota.takes.take()`
+against random counters at `--take-rate` takes/s in total (paced, open loop per process; latency
+measured per call):
 
 1. old month: takes in P0 for `--baseline-seconds`, no reset (plain one-statement takes);
 2. new month, no job: takes in P1 for `--baseline-seconds` with no reset running, so nearly every
@@ -47,7 +46,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 import psycopg  # noqa: E402
-from common import with_database  # noqa: E402
+from common import server_urls, with_database  # noqa: E402
 
 from service.billing.plans import load_plans  # noqa: E402
 from service.migrate import migrate  # noqa: E402
@@ -190,7 +189,6 @@ def describe(name: str, samples: list[tuple[float, float]], quiet: str) -> dict[
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/postgres")
     ap.add_argument("--counters", type=int, default=1_000_000)
     ap.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
     ap.add_argument("--duty", type=float, default=DEFAULT_DUTY, help="pacing: share of time in batches")
@@ -204,6 +202,7 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help=f"keep the scratch database {DB}")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
+    pg, _ = server_urls(ap)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
 
     p0 = periods.current_period()
@@ -227,7 +226,7 @@ def main() -> int:
     p99 = {"old": [], "new": [], "during": []}  # type: dict[str, list[float]]
     for rep in range(1, args.reps + 1):
         print(f"\nrep {rep}/{args.reps}")
-        url, accounts = seed(args.pg, args.counters, p0)
+        url, accounts = seed(pg, args.counters, p0)
 
         def sleeping() -> tuple[float, float]:
             lo = time.perf_counter()
@@ -276,12 +275,12 @@ def main() -> int:
         f"(target <= 1.5x); old month {med(p99['old']):.2f} ms, ratio {med(ratios_old):.2f}x"
     )
     if args.quiet_run:
-        url, _ = seed(args.pg, args.counters, p0)
+        url, _ = seed(pg, args.counters, p0)
         with psycopg.connect(url, autocommit=True) as conn:
             alone = reset_month(conn, at=at, **pacing)
         print(f"reset without load: {alone.message}")
     if not args.keep:
-        with psycopg.connect(args.pg, autocommit=True) as c:
+        with psycopg.connect(pg, autocommit=True) as c:
             c.execute(f'DROP DATABASE IF EXISTS "{DB}" WITH (FORCE)')
     # the 15-minute bound is for 1,000,000 counters; scale it for a smaller smoke run
     ok = med(ratios_new) <= 1.5 and med(walls) <= 900 * args.counters / 1_000_000

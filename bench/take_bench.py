@@ -2,7 +2,7 @@
 
     bench/run take [--reps 5] [--seconds 10]            (or: python bench/take_bench.py ...)
 
-Sets up two scratch databases on the server named by --pg (default: $DATABASE_URL): `bench_ql` (our
+Sets up two scratch databases on the server named by DATABASE_URL: `bench_ql` (our
 migrations, 100,000 accounts, bench/plans.toml) and `bench_bl` (baseline/schema.sql). Then, for each
 repetition, alternating which goes first: `pgbench -n -c 8 -j 2 -T S -f baseline/take_spread.sql` on
 bench_bl and `service.quota.takes.take()` from 8 threads (one connection each) on bench_ql. The same
@@ -36,7 +36,7 @@ METRIC = "urls"
 sys.path.insert(0, str(ROOT))
 
 import psycopg  # noqa: E402
-from common import recreate_database, with_database  # noqa: E402
+from common import recreate_database, server_urls, with_database  # noqa: E402
 
 from service.billing.plans import load_plans  # noqa: E402
 from service.keys import create_key  # noqa: E402
@@ -107,8 +107,8 @@ def product_key(ql_url: str, name: str = "bench") -> str:
 
 
 def use_take_statement(sql: str) -> None:
-    """Make take() run `sql` instead of service/sql's `take` in this process (bench/chain_bench.py's
-    chain-off side; never done by the service)."""
+    """Make take() run `sql` instead of service/quota/takes.sql's `take` in this process
+    (bench/chain_bench.py's chain-off side; never done by the service)."""
     from service.db import Q
 
     Q._q["take"] = sql
@@ -174,7 +174,7 @@ def run_takes(
 
 
 def our_take_script(tmp: Path, *, hot: bool, sql: str | None = None, stem: str = "take_ours") -> Path:
-    """Our `take` statement (service/sql/quota.sql) as a pgbench script: the database-side cost of
+    """Our `take` statement (service/quota/takes.sql) as a pgbench script: the database-side cost of
     our schema (text ids, generated limit columns, a wider ledger row with three indexes) with no
     Python in the loop, for comparison with the baseline's statement."""
     from service.db import Q
@@ -230,7 +230,6 @@ def compare(label: str, pairs: list[tuple[float, float]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pg", default=os.environ.get("DATABASE_URL"), help="Postgres server URL")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=10)
     ap.add_argument("--threads", type=int, default=8)
@@ -247,13 +246,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--no-setup", action="store_true", help="reuse bench_ql / bench_bl as they are")
     args = ap.parse_args(argv)
-    if not args.pg:
-        ap.error("give --pg URL or set DATABASE_URL")
+    pg, _ = server_urls(ap)
     if args.no_setup:
-        ql, bl = with_database(args.pg, "bench_ql"), with_database(args.pg, "bench_bl")
+        ql, bl = with_database(pg, "bench_ql"), with_database(pg, "bench_bl")
     else:
         print("setting up bench_ql and bench_bl ...", flush=True)
-        ql, bl = setup(args.pg)
+        ql, bl = setup(pg)
     variants = [("spread", False, "take_spread.sql")]
     if not args.no_hot:
         variants.append(("hot", True, "take_hot.sql"))

@@ -2,7 +2,7 @@
 `quota-ledger serve --workers 4`, against the baseline app.py `POST /take` under gunicorn with the
 same worker count, in the same run, on the same Postgres, with the same wrk settings.
 
-    python bench/webhooks.py [--reps 7] [--wrk "-t2 -c32 -d10s"] [--accounts 10000] [--change-rate 1.0]
+    bench/run webhooks [--reps 7] [--wrk "-t2 -c32 -d10s"] [--accounts 10000] [--change-rate 1.0]
 
 Needs DATABASE_URL (any database on the server; this creates the scratch databases bench_wh and
 bench_wh_bl, or DB and DB_bl with --db DB), wrk and psql on PATH. Run by hand; it is not a test.
@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT))
 
 import psycopg  # noqa: E402
 import stripe  # noqa: E402
-from common import recreate_database, server, wrk_ms, wrk_seconds  # noqa: E402
+from common import recreate_database, server, server_urls, wrk_ms, wrk_seconds  # noqa: E402
 
 from service.billing.plans import load_plans  # noqa: E402
 from service.migrate import migrate  # noqa: E402
@@ -246,8 +246,6 @@ def inbox_counts(url: str) -> dict[str, int]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pg", default=os.environ.get("DATABASE_URL"), help="Postgres server URL")
-    ap.add_argument("--redis", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     ap.add_argument("--reps", type=int, default=7, help="repetitions; the ratio is their median")
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--wrk", default="-t2 -c32 -d10s", help="wrk settings, the same for both servers")
@@ -271,10 +269,9 @@ def main(argv: list[str] | None = None) -> int:
         help="server output goes here",
     )
     args = ap.parse_args(argv)
-    if not args.pg:
-        ap.error("give --pg URL or set DATABASE_URL")
+    pg, redis_url = server_urls(ap)
     print(f"setting up {args.db} and {args.db}_bl ...", flush=True)
-    ours_db, base_db = setup(args.pg, args.accounts, args.db)
+    ours_db, base_db = setup(pg, args.accounts, args.db)
     wrk_args = shlex.split(args.wrk)
     threads, seconds = wrk_threads(wrk_args), wrk_seconds(wrk_args)
     log = Path(args.log)
@@ -283,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     ours_env = {
         **os.environ,
         "DATABASE_URL": ours_db,
-        "REDIS_URL": args.redis,
+        "REDIS_URL": redis_url,
         "PLANS_FILE": str(PLANS_FILE),
         "STRIPE_WEBHOOK_SECRETS": SECRET,
         "WEBHOOK_ENVIRONMENT": "any",  # as measured before it was required: every event applied

@@ -1,5 +1,5 @@
 -- depends: 0002.billing
--- One-statement webhook deliveries (see service/sql/billing.sql, `subscription_delivery`).
+-- One-statement webhook deliveries (see service/billing/apply.sql, `subscription_delivery`).
 --
 -- A delivery decides the account's tier and status from all of the account's subscriptions. Done in
 -- one statement, it reads them in the statement's snapshot, which can predate a change committed by

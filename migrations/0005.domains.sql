@@ -6,8 +6,8 @@
 -- columns it sets, and reads the constraints' stored expressions back from text once per statement
 -- that writes the table. A domain's rule is cached with its type and is checked only where a value
 -- is assigned to a column of that type: an UPDATE of an account's tier does not re-check its id
--- against the id pattern. Measured on the one-statement webhook delivery (bench/webhooks.md):
--- about 10% less database CPU per delivery.
+-- against the id pattern. The measured gain on the one-statement webhook delivery is in
+-- bench/webhooks.md.
 --
 -- Left as they were: quotas' limit columns (the generated effective limit reads them, and a column
 -- that a generated column reads cannot change type), the two-column rule on quotas, and the ledger,

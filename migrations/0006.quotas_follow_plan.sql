@@ -1,7 +1,7 @@
 -- depends: 0005.domains
 -- One definition of "an account's stored plan limits follow its tier", for the statements that change
--- a tier: accounts.apply_plan (service/sql/quota.sql) and the one-statement webhook delivery
--- (subscription_delivery in service/sql/billing.sql), which each carried their own copy of it.
+-- a tier: accounts.apply_plan (service/quota/accounts.sql) and the one-statement webhook delivery
+-- (subscription_delivery in service/billing/apply.sql), which each carried their own copy of it.
 --
 -- Brings the account's counter rows in line with the limits of `p_plan` (an unknown plan gets the
 -- free plan's, as PlanConfig.limit does) and with `p_lapsed`: touches only rows whose values differ,
@@ -14,8 +14,8 @@
 -- tier or status rarely (most events are renewals that repeat the subscription's state), and an
 -- inline chain is started by the executor on every delivery whether it writes or not: the quotas
 -- and audit tables and their indexes opened and locked, a dozen plan nodes built and torn down.
--- Called only when the tier or status changed, this costs nothing otherwise (measured: 15% less
--- database CPU per unchanged delivery, the same when it changes). PL/pgSQL keeps the statement's
+-- Called only when the tier or status changed, this costs nothing otherwise (measured in
+-- bench/webhooks.md). PL/pgSQL keeps the statement's
 -- plan for the session, like a prepared statement.
 CREATE FUNCTION quotas_follow_plan(
     p_account_id text, p_plan text, p_lapsed boolean, p_actor text,

@@ -4,7 +4,8 @@
 -- A monthly reset moves every counter into the new period and writes a reset ledger row for most
 -- of them within minutes; until autovacuum's next ANALYZE the planner still believes the new period
 -- holds a handful of rows, and a cross-account query of it (reconciliation, finance pages) gets a
--- plan sized for that (measured: over 10 minutes for 200,000 counters, 1.1 s after ANALYZE). The
+-- plan sized for that, one that grows with the square of the period's rows (see
+-- tests/db/test_plans_after_bulk_writes.py). The
 -- job therefore analyzes what it wrote when it finishes. ANALYZE needs the table's owner, and the
 -- service runs as a member of quota_app, so the owner lends it this one function. search_path is
 -- fixed at creation (as for any SECURITY DEFINER function), so a caller cannot redirect the names.

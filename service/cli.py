@@ -91,8 +91,9 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
     from service.keys import list_keys
 
     with _connect(_settings()) as conn:
-        for name, role, created, revoked in list_keys(conn):
-            print(f"{name}\t{role}\tcreated {created}" + (f"\trevoked {revoked}" if revoked else ""))
+        for k in list_keys(conn):
+            revoked = f"\trevoked {k.revoked_at}" if k.revoked_at else ""
+            print(f"{k.name}\t{k.role}\tcreated {k.created_at}{revoked}")
     return 0
 
 

@@ -1,4 +1,10 @@
-"""Connection pool, transactions, advisory locks and the named SQL queries."""
+"""Connection pool, transactions, advisory locks and the named SQL queries.
+
+Where a query lives: in the .sql file beside the module that runs it, named like it
+(service/quota/takes.py runs service/quota/takes.sql; service/keys.py, service/keys.sql). A query
+another module needs is reached through a function of its own module, not run from elsewhere.
+Every file is loaded once into `Q`, and a query name used twice is refused.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +27,7 @@ from service.config import Settings
 Connection = psycopg.Connection[tuple[object, ...]]
 T = TypeVar("T")
 
-_SQL_DIR = Path(__file__).resolve().parent / "sql"
+_PACKAGE = Path(__file__).resolve().parent
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 
@@ -33,11 +39,13 @@ def load_queries(path: Path) -> dict[str, str]:
 
 
 class Queries:
-    """All named queries of service/sql/, loaded once: `Q.take`, `Q.release`, ..."""
+    """All named queries of the package, loaded once: `Q.take`, `Q.release`, ..."""
 
     def __init__(self) -> None:
         self._q: dict[str, str] = {}
-        for path in sorted(_SQL_DIR.glob("*.sql")):
+        for path in sorted(_PACKAGE.rglob("*.sql")):
+            if "migrations" in path.relative_to(_PACKAGE).parts:  # shipped inside an installed package
+                continue
             for name, sql in load_queries(path).items():
                 if name in self._q:
                     raise RuntimeError(f"query {name!r} defined twice (in {path.name})")
@@ -125,7 +133,8 @@ def check_connection(conn: Connection) -> None:
     """The pool's check of a connection it hands out, without a round trip in the usual case: an
     idle connection has nothing to read unless the server closed it (a restart or failover sends a
     FATAL message and closes the socket). Only then does the round trip of psycopg_pool's own check
-    decide. A round trip on every checkout cost 0.2-0.3 ms of CPU per HTTP take (README)."""
+    decide: a round trip on every checkout is a measurable share of an HTTP take's CPU
+    (bench/README.md, "Database outages")."""
     if conn.closed:
         raise psycopg.OperationalError("the connection is closed")
     readable, _, _ = select.select([conn.fileno()], [], [], 0)

@@ -1,4 +1,6 @@
-"""Domain errors. Each one's docstring says what it means; `code` is its stable name for clients."""
+"""Domain errors. Each one's docstring says what it means; `code` is its stable name for clients and
+`status` the HTTP status that answers it. Declaring both here, beside the meaning, is the one mapping:
+the HTTP layer's single handler reads them, and a test walks every class to hold each to a status."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ class QuotaError(Exception):
     """Base of every domain error."""
 
     code = "error"
+    status = 500  # every subclass declares its own (tests/unit/test_errors.py)
 
     def __init__(self, message: str | None = None, **details: Any) -> None:
         super().__init__(message or (self.__doc__ or self.code).strip())
@@ -23,87 +26,102 @@ class UnknownAccount(QuotaError):
     """No account has this id."""
 
     code = "unknown_account"
+    status = 404
 
 
 class AccountDeleted(QuotaError):
     """This account was deleted; it takes nothing and is excluded from resets."""
 
     code = "account_deleted"
+    status = 410
 
 
 class UnknownMetric(QuotaError):
     """The plan config names no such metric."""
 
     code = "unknown_metric"
+    status = 422
 
 
 class QuotaExhausted(QuotaError):
     """The take would go over the limit; nothing was taken."""
 
     code = "quota_exhausted"
+    status = 409
 
 
 class UnknownTake(QuotaError):
     """No take has this id."""
 
     code = "unknown_take"
+    status = 404
 
 
 class IdempotencyKeyReused(QuotaError):
     """This idempotency key was already used for a different take on this account."""
 
     code = "idempotency_key_reused"
+    status = 409
 
 
 class CustomerAlreadyLinked(QuotaError):
     """This Stripe customer is already linked to another account."""
 
     code = "customer_already_linked"
+    status = 409
 
 
 class PlanConfigError(QuotaError):
     """The plan config file is missing or invalid; nothing was changed."""
 
     code = "plan_config_invalid"
+    status = 500  # the server's own file, never a client's doing
 
 
 class WebhookRejected(QuotaError):
     """The webhook request was refused before anything was stored."""
 
     code = "webhook_rejected"
+    status = 400
 
 
 class InvalidSignature(WebhookRejected):
     """The Stripe-Signature header is missing, malformed, stale, from the future, or matches no secret."""
 
     code = "invalid_signature"
+    status = 400
 
 
 class WebhookUnauthorized(WebhookRejected):
     """The Authorization header of the webhook is missing or wrong."""
 
     code = "unauthorized"
+    status = 401
 
 
 class MalformedWebhook(WebhookRejected):
     """The webhook body is not an event this provider sends (bad JSON, missing id, type or time)."""
 
     code = "malformed_body"
+    status = 400
 
 
 class WebhooksNotConfigured(WebhookRejected):
     """No webhook secret is configured for this provider; the provider should retry later."""
 
     code = "webhooks_not_configured"
+    status = 503
 
 
 class UntranslatableEvent(QuotaError):
     """A verified event whose contents this service cannot read (e.g. an unknown status); stored as failed."""
 
     code = "untranslatable_event"
+    status = 422
 
 
 class UnknownEvent(QuotaError):
     """No stored webhook event has this id."""
 
     code = "unknown_event"
+    status = 404

@@ -10,8 +10,9 @@ import hashlib
 import secrets
 from dataclasses import dataclass
 
-from psycopg.types.json import Jsonb
+from psycopg.rows import class_row, dict_row
 
+from service import audit
 from service.db import Connection, Q, transaction
 
 ROLES = ("product", "admin", "finance")
@@ -28,18 +29,12 @@ def hash_key(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
 
-def _audit(conn: Connection, *, actor: str, action: str, old: object, new: object) -> None:
-    conn.execute(
-        Q.audit,
-        {
-            "actor": actor,
-            "action": action,
-            "account_id": "",
-            "metric": None,
-            "old": Jsonb(old),
-            "new": Jsonb(new),
-        },
-    )
+@dataclass(frozen=True)
+class KeyListing:
+    name: str
+    role: str
+    created_at: str
+    revoked_at: str | None
 
 
 def create_key(conn: Connection, *, name: str, role: str, actor: str = "cli") -> str:
@@ -50,10 +45,8 @@ def create_key(conn: Connection, *, name: str, role: str, actor: str = "cli") ->
         raise ValueError(f"role must be one of {', '.join(ROLES)}")
     key = PREFIX + secrets.token_urlsafe(32)
     with transaction(conn):
-        conn.execute(
-            "INSERT INTO api_keys (name, role, key_hash) VALUES (%s, %s, %s)", (name, role, hash_key(key))
-        )
-        _audit(conn, actor=actor, action="key_created", old=None, new={"name": name, "role": role})
+        conn.execute(Q.key_insert, {"name": name, "role": role, "key_hash": hash_key(key)})
+        audit.record(conn, actor=actor, action="key_created", old=None, new={"name": name, "role": role})
     return key
 
 
@@ -62,39 +55,32 @@ def reissue_key(conn: Connection, *, name: str, role: str, actor: str) -> str:
     `dev`, which issues its keys on every start and needs no trail of the ones it replaced (the new
     key's creation is audited as `actor`)."""
     with transaction(conn):
-        conn.execute("DELETE FROM api_keys WHERE name = %s", (name,))
+        conn.execute(Q.key_delete, {"name": name})
         return create_key(conn, name=name, role=role, actor=actor)
 
 
 def revoke_key(conn: Connection, *, name: str, actor: str = "cli") -> bool:
     """Revoke the live key called `name`, audited as `actor`; False if there was none."""
-    with transaction(conn):
-        row = conn.execute(
-            "UPDATE api_keys SET revoked_at = now() WHERE name = %s AND revoked_at IS NULL RETURNING role",
-            (name,),
-        ).fetchone()
+    with transaction(conn), conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(Q.key_revoke, {"name": name}).fetchone()
         if row is None:
             return False
-        _audit(
+        audit.record(
             conn,
             actor=actor,
             action="key_revoked",
-            old={"name": name, "role": row[0], "revoked": False},
-            new={"name": name, "role": row[0], "revoked": True},
+            old={"name": name, "role": row["role"], "revoked": False},
+            new={"name": name, "role": row["role"], "revoked": True},
         )
     return True
 
 
 def verify_key(conn: Connection, key: str) -> KeyOwner | None:
     """The owner of a live key, or None."""
-    row = conn.execute(
-        "SELECT name, role FROM api_keys WHERE key_hash = %s AND revoked_at IS NULL", (hash_key(key),)
-    ).fetchone()
-    return KeyOwner(str(row[0]), str(row[1])) if row else None
+    with conn.cursor(row_factory=class_row(KeyOwner)) as cur:
+        return cur.execute(Q.key_verify, {"key_hash": hash_key(key)}).fetchone()
 
 
-def list_keys(conn: Connection) -> list[tuple[str, str, str, str | None]]:
-    rows = conn.execute(
-        "SELECT name, role, created_at::text, revoked_at::text FROM api_keys ORDER BY id"
-    ).fetchall()
-    return [(str(r[0]), str(r[1]), str(r[2]), None if r[3] is None else str(r[3])) for r in rows]
+def list_keys(conn: Connection) -> list[KeyListing]:
+    with conn.cursor(row_factory=class_row(KeyListing)) as cur:
+        return cur.execute(Q.key_list).fetchall()

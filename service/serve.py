@@ -25,7 +25,7 @@ DEFAULT_THREADS = 16
 
 
 class PortInUse(RuntimeError):
-    """The address to listen on is taken by another process."""
+    """The address to bind is taken by another process."""
 
 
 def check_bind(bind: str) -> None:

@@ -198,10 +198,7 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
             raise _invalid(fields)
         _account_id(account_id)
         assert isinstance(metric, str) and isinstance(units, int)
-        if metric not in self.limits:
-            raise _Refused(
-                422, "unknown_metric", f"unknown metric {metric!r}; known: {', '.join(self.limits)}"
-            )
+        self._known_metric(metric)
         if key is not None and (account_id, key) in self._keys:
             earlier = self._takes[self._keys[account_id, key]]
             if (earlier.metric, earlier.units) != (metric, units):
@@ -257,14 +254,14 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
         metric, period = params.get("metric"), params.get("period")
         if metric is None:
             fields["metric"] = ["Missing data for required field."]
-        elif metric not in self.limits:
-            fields["metric"] = [f"unknown metric; known: {', '.join(self.limits)}"]
         if period is not None and not PERIOD.fullmatch(period):
             fields["period"] = ["a calendar month, YYYY-MM"]
         if fields:
             raise _invalid(fields)
         assert metric is not None
-        self._account(_account_id(account_id))
+        _account_id(account_id)
+        self._known_metric(metric)
+        self._account(account_id)
         period = period or self._period()
         return 200, {
             "metric": metric,
@@ -273,6 +270,12 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
         }
 
     # Helpers, called with the lock held.
+
+    def _known_metric(self, metric: str) -> None:
+        if metric not in self.limits:
+            raise _Refused(
+                422, "unknown_metric", f"unknown metric {metric!r}; known: {', '.join(self.limits)}"
+            )
 
     def _period(self) -> str:
         return self.period or current_period()

@@ -16,6 +16,7 @@ recompute them; a deadlock there is retried by the inbox.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import cast
 
@@ -257,17 +258,16 @@ def _link(conn: Connection, env: Envelope, change: CustomerLink, account: Resolv
             customer_id=change.customer_id,
             note=_unmatched_note(change.account_ids, change.customer_id, change.subscription_id),
         )
-    row = conn.execute(
-        Q.customer_link,
-        {
-            "provider": env.provider,
-            "customer_id": change.customer_id,
-            "account_id": account.id,
-            "event_id": env.event_id,
-        },
-    ).fetchone()
+    params = {
+        "provider": env.provider,
+        "customer_id": change.customer_id,
+        "account_id": account.id,
+        "event_id": env.event_id,
+    }
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(Q.customer_link, params).fetchone()
     assert row is not None  # the statement answers the link, new or existing
-    linked_to, created = str(row[0]), bool(row[1])
+    linked_to, created = str(row["account_id"]), bool(row["created"])
     if linked_to != account.id:
         note = f"customer {change.customer_id!r} stays linked to account {linked_to!r}"
     elif created:
@@ -294,17 +294,16 @@ def _transfer(
 ) -> Outcome:
     if target is None:
         return Outcome(status="unmatched", note=_unmatched_note(change.to_ids, None))
-    conn.execute(Q.accounts_lock, {"account_ids": sorted(set(change.from_ids) - {target.id})})
-    moved = conn.execute(
-        Q.subscriptions_transfer,
-        {
-            "provider": env.provider,
-            "from_ids": list(change.from_ids),
-            "account_id": target.id,
-            "event_at": env.occurred_at,
-            "event_id": env.event_id,
-        },
-    ).fetchall()
+    lock_accounts(conn, set(change.from_ids) - {target.id})
+    params = {
+        "provider": env.provider,
+        "from_ids": list(change.from_ids),
+        "account_id": target.id,
+        "event_at": env.occurred_at,
+        "event_id": env.event_id,
+    }
+    with conn.cursor(row_factory=dict_row) as cur:
+        moved = cur.execute(Q.subscriptions_transfer, params).fetchall()
     if not moved:
         return Outcome(
             status="applied",
@@ -312,13 +311,13 @@ def _transfer(
             note=f"no stored subscription of {list(change.from_ids)} to move; "
             "the destination's tier follows its next event",
         )
-    sources = {str(r[1]) for r in moved}
+    sources = {str(r["prior_account_id"]) for r in moved}
     follow_subscriptions(conn, plans, {target.id, *sources}, actor=actor)
-    subs = ", ".join(str(r[0]) for r in moved)
+    subs = ", ".join(str(r["subscription_id"]) for r in moved)
     return Outcome(
         status="applied",
         account_id=target.id,
-        subscription_id=str(moved[0][0]) if len(moved) == 1 else None,
+        subscription_id=str(moved[0]["subscription_id"]) if len(moved) == 1 else None,
         note=f"moved {subs} from {sorted(sources)}",
     )
 
@@ -327,15 +326,22 @@ def follow_subscriptions(conn: Connection, plans: PlanConfig, account_ids: set[s
     """Set each account's tier and status from its deciding subscription (an active one wins over
     ended ones), through `apply_plan`, where they differ. Locks the accounts first (id order)."""
     ids = sorted(account_ids)
-    accounts = conn.execute(Q.accounts_lock, {"account_ids": ids}).fetchall()
+    accounts = lock_accounts(conn, ids)
     with conn.cursor(row_factory=dict_row) as cur:
         best = {r["account_id"]: r for r in cur.execute(Q.accounts_best_subscription, {"account_ids": ids})}
-    for account_id, plan, status in accounts:
-        sub = best.get(account_id)
-        new_plan = str((sub and sub["plan"]) or plan)
+    for account in accounts:
+        sub = best.get(account.id)
+        new_plan = str((sub and sub["plan"]) or account.plan)
         new_status = str(sub["status"]) if sub else NO_SUBSCRIPTION_STATUS
-        if (new_plan, new_status) != (plan, status):
-            apply_plan(conn, plans, account_id=str(account_id), plan=new_plan, status=new_status, actor=actor)
+        if (new_plan, new_status) != (account.plan, account.subscription_status):
+            apply_plan(conn, plans, account_id=account.id, plan=new_plan, status=new_status, actor=actor)
+
+
+def lock_accounts(conn: Connection, account_ids: Iterable[str]) -> list[Resolved]:
+    """Lock these accounts for a billing change, in id order, as resolve_account locks one (their
+    billing_version moves, so a concurrent one-statement delivery gives way); returns them."""
+    with conn.cursor(row_factory=class_row(Resolved)) as cur:
+        return cur.execute(Q.accounts_lock, {"account_ids": sorted(account_ids)}).fetchall()
 
 
 def _unmatched_note(

@@ -13,7 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from service.billing.apply import follow_subscriptions
+from psycopg.rows import dict_row
+
+from service.billing.apply import follow_subscriptions, lock_accounts
 from service.billing.plans import PlanConfig
 from service.db import Connection, Q, transaction
 
@@ -39,16 +41,15 @@ def end_expired(
     at = at or datetime.now(UTC)
     accounts = subscriptions = 0
     while True:
-        due = [
-            str(r[0])
-            for r in conn.execute(Q.subscriptions_due_accounts, {"at": at, "batch_size": batch_size})
-        ]
+        with conn.cursor(row_factory=dict_row) as cur:
+            rows = cur.execute(Q.subscriptions_due_accounts, {"at": at, "batch_size": batch_size})
+            due = [str(r["account_id"]) for r in rows]
         if not due:
             break
         ended_now = 0
         for account_id in due:
             with transaction(conn):
-                conn.execute(Q.accounts_lock, {"account_ids": [account_id]})
+                lock_accounts(conn, [account_id])
                 ended = conn.execute(
                     Q.subscriptions_end_by_time, {"account_id": account_id, "at": at}
                 ).fetchall()

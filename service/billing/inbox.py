@@ -46,8 +46,8 @@ from typing import TypeVar
 
 import psycopg
 from psycopg.rows import class_row, dict_row
-from psycopg.types.json import Jsonb
 
+from service import audit
 from service.billing.apply import (
     Outcome,
     Resolved,
@@ -216,15 +216,16 @@ def _other_locked(
     """A customer link or a transfer: store the row with its account resolved and locked, apply,
     and correct the row if the outcome differs."""
     keys = lookup(change)
-    row = conn.execute(
-        Q.inbox_insert_resolved, {**lookup_params(env.provider, keys), **_row_params(env)}
-    ).fetchone()
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(
+            Q.inbox_insert_resolved, {**lookup_params(env.provider, keys), **_row_params(env)}
+        ).fetchone()
     if row is None:
         return _duplicate(conn, env)
-    inbox_id = int(str(row[0]))
+    inbox_id = int(row["inbox_id"])
     account = None
-    if row[1] is not None:
-        account = Resolved(id=str(row[1]), plan=str(row[2]), subscription_status=str(row[3]))
+    if row["id"] is not None:
+        account = Resolved(id=row["id"], plan=row["plan"], subscription_status=row["subscription_status"])
     stored = Outcome(
         status="applied" if account else "unmatched",
         account_id=account.id if account else None,
@@ -315,24 +316,19 @@ def _audit_replay(
     error: str | None,
 ) -> None:
     """An admin's replay is an admin action: one audit row, with what became of the event."""
-    conn.execute(
-        Q.audit,
-        {
-            "actor": actor,
-            "action": "event_replayed",
-            "account_id": account_id or "",
-            "metric": None,
-            "old": Jsonb(None),
-            "new": Jsonb(
-                {
-                    "inbox_id": inbox_id,
-                    "provider": env.provider,
-                    "event_id": env.event_id,
-                    "type": env.type,
-                    "status": status,
-                    "error": error,
-                }
-            ),
+    audit.record(
+        conn,
+        actor=actor,
+        action="event_replayed",
+        account_id=account_id or "",
+        old=None,
+        new={
+            "inbox_id": inbox_id,
+            "provider": env.provider,
+            "event_id": env.event_id,
+            "type": env.type,
+            "status": status,
+            "error": error,
         },
     )
 
@@ -357,16 +353,17 @@ def apply_waiting(
         account_ids = (*account_ids, *change.account_ids)
         customer_id = customer_id or change.customer_id
         subscription_id = change.subscription_id
-    rows = conn.execute(
-        Q.inbox_waiting,
-        {
-            "provider": provider,
-            "subscription_id": subscription_id,
-            "customer_id": customer_id,
-            "account_ids": list(account_ids),
-        },
-    ).fetchall()
-    return [replay(conn, plans, int(str(r[0])), translate_for=translate_for, actor=LINK_ACTOR) for r in rows]
+    params = {
+        "provider": provider,
+        "subscription_id": subscription_id,
+        "customer_id": customer_id,
+        "account_ids": list(account_ids),
+    }
+    with conn.cursor(row_factory=dict_row) as cur:
+        waiting = [int(r["id"]) for r in cur.execute(Q.inbox_waiting, params).fetchall()]
+    return [
+        replay(conn, plans, inbox_id, translate_for=translate_for, actor=LINK_ACTOR) for inbox_id in waiting
+    ]
 
 
 def _future_note(env: Envelope, received: datetime) -> str | None:
@@ -417,19 +414,21 @@ def _store(
     conn: Connection, env: Envelope, *, status: str, note: str | None = None, error: str | None = None
 ) -> Receipt:
     """Dedupe and store the row with its final status in one statement (nothing to apply)."""
-    row = conn.execute(
-        Q.inbox_insert, {**_row_params(env), "status": status, "note": note, "error": error}
-    ).fetchone()
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(
+            Q.inbox_insert, {**_row_params(env), "status": status, "note": note, "error": error}
+        ).fetchone()
     if row is None:
         return _duplicate(conn, env)
-    return Receipt(id=int(str(row[0])), status=status)
+    return Receipt(id=int(row["id"]), status=status)
 
 
 def _duplicate(conn: Connection, env: Envelope) -> Receipt:
-    row = conn.execute(Q.inbox_status, {"provider": env.provider, "event_id": env.event_id}).fetchone()
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(Q.inbox_status, {"provider": env.provider, "event_id": env.event_id}).fetchone()
     if row is None:  # pragma: no cover - the conflicting row was committed before we looked
         return Receipt(id=None, status="duplicate", duplicate=True)
-    return Receipt(id=int(str(row[0])), status=str(row[1]), duplicate=True)
+    return Receipt(id=int(row["id"]), status=str(row["status"]), duplicate=True)
 
 
 def _guarded(env: Envelope, work: Callable[[], T]) -> T:

@@ -1,33 +1,41 @@
-"""Product API: accounts, takes, releases, usage (role product; admin may too)."""
+"""Product API: accounts, takes, releases, usage (role product; admin may too).
+
+Each view's docstring holds its OpenAPI operation (read by service/http/openapi.py): the statuses it
+can answer beyond 401/403, which the document adds to every route that needs a key."""
 
 from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify
 
 from service.billing import inbox
-from service.http import schemas
+from service.http import schemas as s
 from service.http.auth import actor, require
-from service.http.errors import ApiError
 from service.http.metrics import RELEASES, TAKES
 from service.http.runtime import runtime
 from service.http.validation import account_id, json_body, query_args
-from service.http.views import account_json, release_json, take_json
 from service.http.webhooks import translator
 from service.quota import accounts, periods, takes, usage
 
 bp = Blueprint("accounts", __name__, url_prefix="/v1")
 PRODUCT = ("product", "admin")
-# Built once: a marshmallow Schema deep-copies its declared fields on construction (~30 us, as
-# much as the load itself), and load() keeps no state on the instance.
-ACCOUNT_PUT = schemas.AccountPut()
-TAKE_REQUEST = schemas.TakeRequest()
-USAGE_QUERY = schemas.UsageQuery()
 
 
 @bp.put("/accounts/<id>")
 @require(*PRODUCT)
 def put_account(id: str) -> tuple[Response, int]:
-    body = json_body(ACCOUNT_PUT)
+    """Create (201) or update (200) an account.
+    ---
+    put:
+      requestBody: {required: true, content: {application/json: {schema: AccountPut}}}
+      responses:
+        200: {description: updated, content: {application/json: {schema: Account}}}
+        201: {description: created, content: {application/json: {schema: Account}}}
+        400: Error
+        409: Conflict
+        410: Error
+        422: InvalidRequest
+    """
+    body = json_body(s.ACCOUNT_PUT)
     rt = runtime()
     with rt.connection() as conn:
         created = accounts.upsert_account(conn, rt.plans, account_id=account_id(id), **body)
@@ -42,22 +50,43 @@ def put_account(id: str) -> tuple[Response, int]:
                 translate_for=translator,
             )
         view = accounts.get_account(conn, rt.plans, account_id=id)
-    return jsonify(account_json(view)), 201 if created else 200
+    return jsonify(s.ACCOUNT.dump(view)), 201 if created else 200
 
 
 @bp.get("/accounts/<id>")
 @require(*PRODUCT)
 def get_account(id: str) -> Response:
+    """An account with its effective limits and usage.
+    ---
+    get:
+      responses:
+        200: {description: the account, content: {application/json: {schema: Account}}}
+        404: Error
+        422: InvalidRequest
+    """
     rt = runtime()
     with rt.connection() as conn:
         view = accounts.get_account(conn, rt.plans, account_id=account_id(id))
-    return jsonify(account_json(view))
+    return jsonify(s.ACCOUNT.dump(view))
 
 
 @bp.post("/accounts/<id>/takes")
 @require(*PRODUCT)
 def post_take(id: str) -> tuple[Response, int]:
-    body = json_body(TAKE_REQUEST)
+    """Take units of a monthly quota, atomically.
+    ---
+    post:
+      requestBody: {required: true, content: {application/json: {schema: TakeRequest}}}
+      responses:
+        200: {description: the original take of this idempotency key, content: {application/json: {schema: TakeResponse}}}
+        201: {description: taken, content: {application/json: {schema: TakeResponse}}}
+        400: Error
+        404: Error
+        409: Conflict
+        410: Error
+        422: InvalidRequest
+    """  # noqa: E501
+    body = json_body(s.TAKE_REQUEST)
     rt = runtime()
     try:
         with rt.connection() as conn:
@@ -66,19 +95,34 @@ def post_take(id: str) -> tuple[Response, int]:
         TAKES.labels(getattr(e, "code", "error")).inc()
         raise
     TAKES.labels("replayed" if granted.replayed else "granted").inc()
-    return jsonify(take_json(granted)), 200 if granted.replayed else 201
+    return jsonify(s.TAKE.dump(granted)), 200 if granted.replayed else 201
 
 
 @bp.post("/accounts/<id>/takes/<int:take_id>/release")
 @require(*PRODUCT)
 def post_account_release(id: str, take_id: int) -> Response:
-    """The release route that names the account: one shard under Citus (README "Scaling out")."""
+    """Give a take of this account back, once: the route that names the account, which a sharded
+    database routes to one shard (README "Scaling out").
+    ---
+    post:
+      responses:
+        200: {description: released, or why not, content: {application/json: {schema: ReleaseResponse}}}
+        404: Error
+        422: InvalidRequest
+    """
     return _release(take_id, account_id(id))
 
 
 @bp.post("/takes/<int:take_id>/release")
 @require(*PRODUCT)
 def post_release(take_id: int) -> Response:
+    """Give a take's units back, once.
+    ---
+    post:
+      responses:
+        200: {description: released, or why not, content: {application/json: {schema: ReleaseResponse}}}
+        404: Error
+    """
     return _release(take_id, None)
 
 
@@ -87,22 +131,24 @@ def _release(take_id: int, account: str | None) -> Response:
     with rt.connection() as conn:
         result = takes.release(conn, take_id=take_id, actor=actor(), account_id=account)
     RELEASES.labels("released" if result.released else str(result.reason)).inc()
-    return jsonify(release_json(result))
+    return jsonify((s.RELEASED if result.released else s.NOT_RELEASED).dump(result))
 
 
 @bp.get("/accounts/<id>/usage")
 @require(*PRODUCT)
 def get_usage(id: str) -> Response:
-    args = query_args(USAGE_QUERY)
+    """Units used in a period; a closed period's final value comes from the ledger.
+    ---
+    get:
+      parameters: [{in: query, schema: UsageQuery}]
+      responses:
+        200: {description: usage, content: {application/json: {schema: UsageResponse}}}
+        404: Error
+        422: InvalidRequest
+    """
+    args = query_args(s.USAGE_QUERY)
     rt = runtime()
-    if args["metric"] not in rt.plans.metrics:
-        raise ApiError(
-            422,
-            "validation_failed",
-            "the request is not valid",
-            fields={"metric": [f"unknown metric; known: {', '.join(rt.plans.metrics)}"]},
-        )
+    period = args.get("period") or periods.current_period()
     with rt.connection() as conn:
-        period = args.get("period")
-        used = usage.usage(conn, account_id=account_id(id), metric=args["metric"], period=period)
-    return jsonify({"metric": args["metric"], "period": period or periods.current_period(), "used": used})
+        used = usage.usage(conn, rt.plans, account_id=account_id(id), metric=args["metric"], period=period)
+    return jsonify(s.USAGE.dump({"metric": args["metric"], "period": period, "used": used}))

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from flask import Blueprint, Response, jsonify
 
-from service.http import openapi, schemas
+from service.http import schemas as s
 from service.http.auth import actor, require
 from service.http.runtime import runtime
 from service.http.validation import account_id, json_body
-from service.http.views import account_json, metric_json
 from service.quota import accounts, admin, overrides, periods
+from service.quota.accounts import MetricView
 
 bp = Blueprint("admin", __name__, url_prefix="/v1/admin")
 
@@ -17,47 +20,95 @@ bp = Blueprint("admin", __name__, url_prefix="/v1/admin")
 @bp.get("/accounts/<id>")
 @require("admin")
 def get_account(id: str) -> Response:
+    """The admin view: plan limits, overrides, the Stripe customer.
+    ---
+    get:
+      responses:
+        200: {description: the account, content: {application/json: {schema: AdminAccount}}}
+        404: Error
+        422: InvalidRequest
+    """
     rt = runtime()
     with rt.connection() as conn:
         view = accounts.get_account(conn, rt.plans, account_id=account_id(id))
-    return jsonify(account_json(view, admin=True))
+    return jsonify(s.ADMIN_ACCOUNT.dump(view))
 
 
-def _metric_after(id: str, metric: str, previous: dict[str, object] | None) -> Response:
+@dataclass(frozen=True)
+class _OverrideChange:
+    """What an override endpoint answers: the metric as it is now, and the override it replaced."""
+
+    account_id: str
+    previous: dict[str, object] | None
+    now: MetricView
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.now, name)
+
+
+def _after(id: str, metric: str, previous: dict[str, object] | None) -> Response:
     rt = runtime()
     with rt.connection() as conn:
         view = accounts.get_account(conn, rt.plans, account_id=id)
-    m = next(m for m in view.limits if m.metric == metric)
-    return jsonify({"account_id": id, "metric": metric, **metric_json(m, admin=True), "previous": previous})
+    return jsonify(s.OVERRIDE_CHANGE.dump(_OverrideChange(id, previous, view.by_metric[metric])))
 
 
 @bp.put("/accounts/<id>/overrides/<metric>")
 @require("admin")
 def put_override(id: str, metric: str) -> Response:
-    body = json_body(schemas.OverridePut())
+    """Set a sticky override (null = unlimited), audited unless it is the value already set.
+    ---
+    put:
+      requestBody: {required: true, content: {application/json: {schema: OverridePut}}}
+      responses:
+        200: {description: the metric now, content: {application/json: {schema: OverrideChange}}}
+        400: Error
+        404: Error
+        422: InvalidRequest
+    """
+    body = json_body(s.OVERRIDE_PUT)
     rt = runtime()
     with rt.connection() as conn:
         previous = overrides.set_override(
             conn, rt.plans, account_id=account_id(id), metric=metric, limit=body["limit"], actor=actor()
         )
-    return _metric_after(id, metric, previous)
+    return _after(id, metric, previous)
 
 
 @bp.delete("/accounts/<id>/overrides/<metric>")
 @require("admin")
 def delete_override(id: str, metric: str) -> Response:
+    """Clear a sticky override, audited unless none was set.
+    ---
+    delete:
+      responses:
+        200: {description: the metric now, content: {application/json: {schema: OverrideChange}}}
+        404: Error
+        422: InvalidRequest
+    """
     rt = runtime()
     with rt.connection() as conn:
         previous = overrides.clear_override(
             conn, rt.plans, account_id=account_id(id), metric=metric, actor=actor()
         )
-    return _metric_after(id, metric, previous)
+    return _after(id, metric, previous)
 
 
 @bp.post("/accounts/<id>/reset")
 @require("admin")
 def post_reset(id: str) -> Response:
-    body = json_body(schemas.ResetRequest())
+    """Reset a counter of the current month to 0: one reset ledger row naming the key, audited.
+    ---
+    post:
+      requestBody: {required: true, content: {application/json: {schema: ResetRequest}}}
+      responses:
+        200: {description: reset, content: {application/json: {schema: ResetResponse}}}
+        400: Error
+        404: Error
+        410: Error
+        422: InvalidRequest
+    """
+    body = json_body(s.RESET_REQUEST)
     rt = runtime()
     period = periods.current_period()
     with rt.connection() as conn:
@@ -65,49 +116,39 @@ def post_reset(id: str) -> Response:
             conn, rt.plans, account_id=account_id(id), metric=body["metric"], actor=actor(), period=period
         )
     return jsonify(
-        {"account_id": id, "metric": body["metric"], "period": period, "previous": previous, "used": 0}
+        s.RESET.dump(
+            {"account_id": id, "metric": body["metric"], "period": period, "previous": previous, "used": 0}
+        )
     )
 
 
 @bp.delete("/accounts/<id>")
 @require("admin")
 def delete_account(id: str) -> Response:
+    """Soft-delete an account: takes refused (410), skipped by resets; again is the same 200.
+    ---
+    delete:
+      responses:
+        200: {description: deleted, content: {application/json: {schema: DeleteResponse}}}
+        404: Error
+        422: InvalidRequest
+    """
     with runtime().connection() as conn:
         admin.soft_delete(conn, account_id=account_id(id), actor=actor())
-    return jsonify({"id": id, "deleted": True})
+    return jsonify(s.DELETED.dump({"id": id, "deleted": True}))
 
 
 @bp.post("/accounts/<id>/restore")
 @require("admin")
 def restore_account(id: str) -> Response:
+    """Undo a soft delete (audited); a live account is left as it is.
+    ---
+    post:
+      responses:
+        200: {description: restored, or was live, content: {application/json: {schema: RestoreResponse}}}
+        404: Error
+        422: InvalidRequest
+    """
     with runtime().connection() as conn:
         restored = admin.restore(conn, account_id=account_id(id), actor=actor())
-    return jsonify({"id": id, "deleted": False, "restored": restored})
-
-
-E = schemas.Error
-ERR = {400: E, 401: E, 403: E, 404: E, 422: E}
-openapi.register(
-    "post",
-    "/v1/admin/accounts/{id}/reset",
-    "Reset a counter to 0 (one ledger row)",
-    "admin",
-    schemas.ResetRequest,
-    {200: schemas.ResetResponse, 410: E, **ERR},
-)
-openapi.register(
-    "delete",
-    "/v1/admin/accounts/{id}",
-    "Soft-delete an account",
-    "admin",
-    None,
-    {200: schemas.DeleteResponse, **ERR},
-)
-openapi.register(
-    "post",
-    "/v1/admin/accounts/{id}/restore",
-    "Restore a soft-deleted account (audited; a live account is left as it is)",
-    "admin",
-    None,
-    {200: schemas.RestoreResponse, **ERR},
-)
+    return jsonify(s.RESTORED.dump({"id": id, "deleted": False, "restored": restored}))

@@ -9,7 +9,7 @@ from typing import ParamSpec, TypeVar
 
 from flask import g, request
 
-from service.http.errors import ApiError
+from service.http.errors import Forbidden, Unauthorized
 from service.http.runtime import runtime
 from service.keys import KeyOwner, hash_key, verify_key
 
@@ -25,7 +25,7 @@ def authenticate() -> KeyOwner:
     header = request.headers.get("Authorization", "")
     scheme, _, key = header.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
-        raise ApiError(401, "unauthorized", "send Authorization: Bearer <api key>")
+        raise Unauthorized("send Authorization: Bearer <api key>")
     key = key.strip()
     digest = hash_key(key)
     now = time.monotonic()
@@ -37,7 +37,7 @@ def authenticate() -> KeyOwner:
         owner = verify_key(conn, key)
     if owner is None:
         _cache.pop(digest, None)
-        raise ApiError(401, "unauthorized", "unknown or revoked API key")
+        raise Unauthorized("unknown or revoked API key")
     if len(_cache) > 10_000:
         _cache.clear()
     _cache[digest] = (owner, now + rt.settings.key_cache_seconds)
@@ -52,7 +52,7 @@ def require(*roles: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
             owner = authenticate()
             if owner.role not in roles:
-                raise ApiError(403, "forbidden", f"this needs a key with role {' or '.join(roles)}")
+                raise Forbidden(f"this needs a key with role {' or '.join(roles)}")
             g.key = owner
             return view(*args, **kwargs)
 

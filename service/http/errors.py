@@ -1,9 +1,13 @@
-"""The one place where errors become JSON: {"error": code, "message": text, ...details}."""
+"""The one place where errors become JSON: {"error": code, "message": text, ...details}.
+
+Every refusal is an exception that carries its own `status` and `code`: the domain's (service/errors.py)
+and the few that only HTTP knows (below: authentication, a body that is not JSON, a schema's
+refusal). One handler answers them all."""
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, ClassVar
 
 import psycopg
 import psycopg_pool
@@ -14,24 +18,40 @@ from service import errors
 
 log = logging.getLogger(__name__)
 
-STATUS: dict[type[errors.QuotaError], int] = {
-    errors.UnknownAccount: 404,
-    errors.UnknownTake: 404,
-    errors.UnknownEvent: 404,
-    errors.AccountDeleted: 410,
-    errors.UnknownMetric: 422,
-    errors.QuotaExhausted: 409,
-    errors.IdempotencyKeyReused: 409,
-    errors.CustomerAlreadyLinked: 409,
-}
-
 
 class ApiError(Exception):
-    """An HTTP-level refusal (bad body, bad auth) raised by views and decorators."""
+    """A refusal made by the HTTP layer itself, before any domain code runs."""
 
-    def __init__(self, status: int, code: str, message: str, **details: Any) -> None:
+    status: ClassVar[int]
+    code: ClassVar[str]
+
+    def __init__(self, message: str, **details: Any) -> None:
         super().__init__(message)
-        self.status, self.code, self.message, self.details = status, code, message, details
+        self.message, self.details = message, details
+
+
+class Unauthorized(ApiError):
+    """No API key, or one that is unknown or revoked."""
+
+    status, code = 401, "unauthorized"
+
+
+class Forbidden(ApiError):
+    """The API key's role may not call this."""
+
+    status, code = 403, "forbidden"
+
+
+class InvalidJson(ApiError):
+    """The body is not a JSON object."""
+
+    status, code = 400, "invalid_json"
+
+
+class ValidationFailed(ApiError):
+    """The request's schema refused it; `fields` has a list of messages per field."""
+
+    status, code = 422, "validation_failed"
 
 
 def error_code(name: str) -> str:
@@ -45,15 +65,9 @@ def error_response(status: int, code: str, message: str, **details: Any) -> tupl
 
 def init_app(app: Flask) -> None:
     @app.errorhandler(ApiError)
-    def _api(e: ApiError) -> tuple[Response, int]:
-        return error_response(e.status, e.code, e.message, **e.details)
-
     @app.errorhandler(errors.QuotaError)
-    def _domain(e: errors.QuotaError) -> tuple[Response, int]:
-        status = next((s for cls, s in STATUS.items() if isinstance(e, cls)), 500)
-        if status == 500:
-            log.error("unmapped domain error %r", e)
-        return error_response(status, e.code, e.message, **e.details)
+    def _refused(e: ApiError | errors.QuotaError) -> tuple[Response, int]:
+        return error_response(e.status, e.code, e.message, **e.details)
 
     @app.errorhandler(HTTPException)
     def _http(e: HTTPException) -> tuple[Response, int]:

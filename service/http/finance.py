@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import asdict
-from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
-from service.http import openapi, schemas
+from service.http import schemas as s
 from service.http.auth import require
 from service.http.runtime import runtime
 from service.http.validation import query_args
@@ -17,25 +15,39 @@ from service.quota import export, ledger
 bp = Blueprint("finance", __name__, url_prefix="/v1")
 
 
-def _page(items: list[dict[str, Any]], limit: int) -> dict[str, Any]:
-    """`next_cursor` is the last id of a full page; a short page is the end (null)."""
-    return {"items": items, "next_cursor": str(items[-1]["id"]) if len(items) == limit else None}
-
-
 @bp.get("/ledger")
 @require("finance")
 def get_ledger() -> Response:
-    args = query_args(schemas.LedgerQuery())
+    """Ledger rows, newest last, filtered by account, metric, period and kind; paged.
+    ---
+    get:
+      parameters: [{in: query, schema: LedgerQuery}]
+      responses:
+        200: {description: a page, content: {application/json: {schema: LedgerPage}}}
+        422: InvalidRequest
+    """
+    args = query_args(s.LEDGER_QUERY)
     after = int(args.pop("cursor", 0))
     with runtime().connection() as conn:
         rows = ledger.page(conn, after=after, **args)
-    return jsonify(_page([export.record(r) for r in rows], args["limit"]))
+    # export.record is the row format of every export (CSV, JSONL, this page); the schema shapes it
+    return jsonify(s.LEDGER_PAGE.dump(s.page([export.record(r) for r in rows], args["limit"])))
 
 
 @bp.get("/ledger.csv")
 @require("finance")
 def get_ledger_csv() -> Response:
-    period = query_args(schemas.PeriodQuery())["period"]
+    """The period's ledger as a streamed CSV, safe to open in a spreadsheet.
+    ---
+    get:
+      parameters: [{in: query, schema: PeriodQuery}]
+      responses:
+        200:
+          description: a header row, then one row per ledger row (README, the CSV export)
+          content: {text/csv: {schema: {type: string}}}
+        422: InvalidRequest
+    """
+    period = query_args(s.PERIOD_QUERY)["period"]
     rt = runtime()
 
     def rows() -> Iterator[str]:
@@ -52,48 +64,33 @@ def get_ledger_csv() -> Response:
 @bp.get("/reconciliation")
 @require("finance")
 def get_reconciliation() -> Response:
-    period = query_args(schemas.PeriodQuery())["period"]
+    """Counters checked against the ledger for a period.
+    ---
+    get:
+      parameters: [{in: query, schema: PeriodQuery}]
+      responses:
+        200: {description: the check, content: {application/json: {schema: ReconciliationResponse}}}
+        422: InvalidRequest
+    """
+    period = query_args(s.PERIOD_QUERY)["period"]
     with runtime().connection() as conn:
         result = ledger.reconcile(conn, period=period)
-    return jsonify(asdict(result))
+    return jsonify(s.RECONCILIATION.dump(result))
 
 
 @bp.get("/audit")
 @require("finance", "admin")
 def get_audit() -> Response:
-    args = query_args(schemas.AuditQuery())
+    """Audit rows: what admins did, and plan-limit changes; paged.
+    ---
+    get:
+      parameters: [{in: query, schema: AuditQuery}]
+      responses:
+        200: {description: a page, content: {application/json: {schema: AuditPage}}}
+        422: InvalidRequest
+    """
+    args = query_args(s.AUDIT_QUERY)
     after = int(args.pop("cursor", 0))
     with runtime().connection() as conn:
         rows = ledger.audit_page(conn, after=after, **args)
-    for r in rows:
-        r["at"] = r["at"].isoformat()
-    return jsonify(_page(rows, args["limit"]))
-
-
-E = schemas.Error
-ERR = {400: E, 401: E, 403: E, 422: E}
-openapi.register(
-    "get",
-    "/v1/ledger",
-    "Ledger rows, newest last, with next_cursor",
-    "finance",
-    None,
-    {200: schemas.LedgerPage, **ERR},
-)
-openapi.register("get", "/v1/ledger.csv", "The period's ledger as streamed CSV", "finance", None, ERR)
-openapi.register(
-    "get",
-    "/v1/reconciliation",
-    "Counters checked against the ledger for a period",
-    "finance",
-    None,
-    {200: schemas.ReconciliationResponse, **ERR},
-)
-openapi.register(
-    "get",
-    "/v1/audit",
-    "Audit rows (admin actions, plan-limit changes)",
-    "finance or admin",
-    None,
-    {200: schemas.AuditPage, **ERR},
-)
+    return jsonify(s.AUDIT_PAGE.dump(s.page(rows, args["limit"])))

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import redis
-from flask import Blueprint, Response, jsonify
+from flask import Blueprint, Response, current_app, jsonify
 
 from service.http import metrics
+from service.http import schemas as s
 from service.http.openapi import openapi_document
 from service.http.runtime import runtime
 
@@ -14,7 +15,13 @@ bp = Blueprint("health", __name__)
 
 @bp.get("/healthz")
 def healthz() -> Response:
-    return jsonify({"status": "ok"})
+    """Liveness: the process answers.
+    ---
+    get:
+      responses:
+        200: {description: alive, content: {application/json: {schema: Health}}}
+    """
+    return jsonify(s.HEALTH.dump({"status": "ok"}))
 
 
 # /readyz answers within a second even while the database or Redis does not: an orchestrator that
@@ -25,9 +32,15 @@ _READY_BROKER_WAIT = 0.25
 
 @bp.get("/readyz")
 def readyz() -> tuple[Response, int]:
-    """Ready when this process can serve: Postgres answers. The Celery broker (Redis) is reported,
-    but does not decide: takes, reads and webhooks do not need it, so a broker outage must not take
-    every web process out of rotation (the worker's own health check covers the broker)."""
+    """Readiness: this process can serve, i.e. Postgres answers. The Celery broker (Redis) is
+    reported, but does not decide: takes, reads and webhooks do not need it, so a broker outage must
+    not take every web process out of rotation (the worker's own health check covers the broker).
+    ---
+    get:
+      responses:
+        200: {description: ready, content: {application/json: {schema: Readiness}}}
+        503: {description: not ready, content: {application/json: {schema: Readiness}}}
+    """
     rt = runtime()
     checks: dict[str, str] = {}
     try:
@@ -48,14 +61,27 @@ def readyz() -> tuple[Response, int]:
     except Exception as e:
         checks["broker"] = f"error: {type(e).__name__} (informational: the web tier serves without it)"
     ready = checks["database"] == "ok"
-    return jsonify({"status": "ready" if ready else "unavailable", "checks": checks}), 200 if ready else 503
+    body = s.READINESS.dump({"status": "ready" if ready else "unavailable", "checks": checks})
+    return jsonify(body), 200 if ready else 503
 
 
 @bp.get("/metrics")
 def prometheus() -> Response:
+    """Prometheus metrics (every label from a fixed set).
+    ---
+    get:
+      responses:
+        200: {description: the text exposition format, content: {text/plain: {schema: {type: string}}}}
+    """
     return metrics.render()
 
 
 @bp.get("/openapi.json")
 def openapi() -> Response:
-    return jsonify(openapi_document())
+    """This document.
+    ---
+    get:
+      responses:
+        200: {description: OpenAPI 3, content: {application/json: {schema: {type: object}}}}
+    """
+    return jsonify(openapi_document(current_app))

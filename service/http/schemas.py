@@ -1,20 +1,41 @@
-"""Request and response schemas: validation for requests, documentation (OpenAPI) for both."""
+"""Every body the API reads or writes: requests are loaded through these schemas, responses dumped
+through them, and the OpenAPI document (service/http/openapi.py) is generated from them."""
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
-from marshmallow import Schema, ValidationError, fields, validate
+from marshmallow import INCLUDE, Schema, ValidationError, fields, validate
 
+from service.http.inbound import MAX_BIGINT
 from service.quota import periods
 
-# \Z, not $: in Python `$` also matches before a trailing newline, which the database then refuses.
-ACCOUNT_ID_RE = re.compile(r"[A-Za-z0-9._:@-]{1,128}\Z")
-ACCOUNT_ID_RULE = "1-128 characters of [A-Za-z0-9._:@-]"
-ACCOUNT_ID = validate.Regexp(ACCOUNT_ID_RE, error=ACCOUNT_ID_RULE)
-PERIOD = validate.Regexp(periods.PERIOD_RE, error="a calendar month, YYYY-MM")
 MAX_UNITS = 2**31 - 1
+STATUSES = ["none", "trialing", "active", "past_due", "unpaid", "incomplete", "paused", "canceled", "expired"]
+LIMIT_SOURCES = ["override", "free_fallback", "plan"]
+LEDGER_KINDS = ["take", "release", "reset"]
+EVENT_STATUSES = ["applied", "ignored", "unmatched", "failed"]
+PROVIDERS = ["stripe", "revenuecat"]
+
+
+class Whole(validate.Regexp):
+    """A pattern the whole string must match. Written `^...$` as JSON Schema reads it (the document
+    quotes it), applied with fullmatch() because Python's `$` also matches before a trailing newline,
+    which the database would then refuse."""
+
+    def __call__(self, value: Any) -> Any:
+        regex = cast("re.Pattern[str]", self.regex)
+        if not isinstance(value, str) or regex.fullmatch(value) is None:
+            raise ValidationError(self._format_error(value))
+        return value
+
+
+ACCOUNT_ID_RULE = "1-128 characters of [A-Za-z0-9._:@-]"
+ACCOUNT_ID = Whole(r"^[A-Za-z0-9._:@-]{1,128}$", error=ACCOUNT_ID_RULE)
+PERIOD = Whole(periods.PERIOD_RE, error="a calendar month, YYYY-MM")
+CURSOR = Whole(r"^[0-9]{1,18}$", error="a cursor from next_cursor")
 
 
 class StrictInt(fields.Integer):
@@ -43,13 +64,24 @@ class Text(fields.String):
         return text
 
 
+class Metric(Text):
+    """A metric's name. Which names exist is the plan config's, read at run time: an unknown one is
+    the domain's UnknownMetric (422 unknown_metric), and the document lists the config's as an enum."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(validate=validate.Length(min=1, max=64), **kwargs)
+
+
+# Requests.
+
+
 class AccountPut(Schema):
     kind = fields.String(required=True, validate=validate.OneOf(["user", "team"]))
     stripe_customer_id = Text(validate=validate.Length(min=1, max=255), allow_none=True)
 
 
 class TakeRequest(Schema):
-    metric = Text(required=True, validate=validate.Length(min=1, max=64))
+    metric = Metric(required=True)
     units = StrictInt(load_default=1, validate=validate.Range(min=1, max=MAX_UNITS))
     idempotency_key = Text(validate=validate.Length(min=1, max=255), allow_none=True)
 
@@ -58,75 +90,162 @@ class OverridePut(Schema):
     limit = StrictInt(
         required=True,
         allow_none=True,
-        validate=validate.Range(min=0, max=2**63 - 1),
+        validate=validate.Range(min=0, max=MAX_BIGINT),
         metadata={"description": "null = unlimited"},
     )
 
 
+class ResetRequest(Schema):
+    metric = Metric(required=True)
+
+
 class UsageQuery(Schema):
-    metric = Text(required=True, validate=validate.Length(min=1, max=64))
+    metric = Metric(required=True)
+    period = fields.String(validate=PERIOD, metadata={"description": "default: the current month"})
+
+
+class PageQuery(Schema):
+    cursor = fields.String(validate=CURSOR)
+    limit = fields.Integer(load_default=100, validate=validate.Range(min=1, max=1000))
+
+
+class LedgerQuery(PageQuery):
+    account_id = fields.String(validate=ACCOUNT_ID)
+    # Any name, not only the plan config's: the ledger keeps rows of metrics the config has dropped.
+    metric = Text(validate=validate.Length(min=1, max=64))
     period = fields.String(validate=PERIOD)
+    kind = fields.String(validate=validate.OneOf(LEDGER_KINDS))
 
 
-# Responses (documentation only).
+class AuditQuery(PageQuery):
+    account_id = fields.String(validate=ACCOUNT_ID)
+
+
+class EventsQuery(PageQuery):
+    status = fields.String(validate=validate.OneOf(EVENT_STATUSES))
+    provider = fields.String(validate=validate.OneOf(PROVIDERS))
+
+
+class PeriodQuery(Schema):
+    period = fields.String(required=True, validate=PERIOD)
+
+
+# Webhook bodies. The adapters (service/webhooks/) read these, not marshmallow: a provider's event is
+# verified over its raw bytes and then parsed. The schemas say what an adapter requires of the
+# envelope (anything else is 400 malformed_body), for the document; the rest of an event is the
+# provider's to define, and an event this service cannot use is stored and answered 200 anyway.
+
+EVENT_ID = validate.Length(min=1, max=255)
+# Seconds (Stripe) or milliseconds (RevenueCat) since the epoch, within what a timestamp holds.
+EPOCH_SECONDS = validate.Range(min=0, max=253402300799)
+
+
+class StripeEvent(Schema):
+    class Meta:
+        unknown = INCLUDE
+
+    object = fields.String(required=True, validate=validate.OneOf(["event"]))
+    id = Text(required=True, validate=EVENT_ID)
+    type = Text(
+        required=True, validate=EVENT_ID, metadata={"description": "a type not handled: 200, ignored"}
+    )
+    created = fields.Integer(required=True, validate=EPOCH_SECONDS)
+
+
+class RevenueCatEvent(Schema):
+    class Meta:
+        unknown = INCLUDE
+
+    id = Text(required=True, validate=EVENT_ID)
+    type = Text(required=True, validate=EVENT_ID)
+    event_timestamp_ms = fields.Integer(required=True, validate=validate.Range(min=0, max=253402300799999))
+
+
+class RevenueCatDelivery(Schema):
+    class Meta:
+        unknown = INCLUDE
+
+    event = fields.Nested(RevenueCatEvent, required=True)
+
+
+# Responses.
+
+
+class Counter(Schema):
+    """A counter as every answer shows it: `remaining` is max(limit - used, 0), null when unlimited."""
+
+    limit = fields.Integer(allow_none=True, metadata={"description": "null = unlimited"})
+    limit_source = fields.String(validate=validate.OneOf(LIMIT_SOURCES))
+    used = fields.Integer()
+    remaining = fields.Integer(allow_none=True)
+    period = fields.String()
 
 
 class Error(Schema):
     error = fields.String(required=True, metadata={"description": "stable error code"})
     message = fields.String(required=True)
-    fields_ = fields.Dict(data_key="fields", metadata={"description": "per-field messages (422)"})
 
 
-class MetricLimit(Schema):
-    limit = fields.Integer(allow_none=True, metadata={"description": "null = unlimited"})
-    limit_source = fields.String(metadata={"enum": ["override", "free_fallback", "plan"]})
-    used = fields.Integer()
-    remaining = fields.Integer(allow_none=True)
-    period = fields.String()
+class InvalidRequest(Error):
+    fields_ = fields.Dict(
+        data_key="fields",
+        keys=fields.String(),
+        values=fields.List(fields.String()),
+        metadata={"description": "validation_failed: the messages per field"},
+    )
+
+
+class Conflict(Error, Counter):
+    """quota_exhausted carries the counter as it stood; idempotency_key_reused the earlier take."""
+
+    take_id = fields.Integer()
+
+
+class MetricLimit(Counter):
     resets_at = fields.String()
+
+
+class OverrideValue(Schema):
+    limit = fields.Integer(allow_none=True, metadata={"description": "null = unlimited"})
 
 
 class AdminMetricLimit(MetricLimit):
     plan_limit = fields.Integer(allow_none=True)
-    override = fields.Dict(allow_none=True, metadata={"description": "{limit} or null when unset"})
+    override = fields.Nested(OverrideValue, allow_none=True, metadata={"description": "null: none set"})
+
+
+class OverrideChange(AdminMetricLimit):
+    account_id = fields.String()
+    metric = fields.String()
+    previous = fields.Nested(OverrideValue, allow_none=True, metadata={"description": "null: none was set"})
 
 
 class Account(Schema):
     id = fields.String()
-    kind = fields.String()
+    kind = fields.String(validate=validate.OneOf(["user", "team"]))
     plan = fields.String()
-    subscription_status = fields.String()
+    subscription_status = fields.String(validate=validate.OneOf(STATUSES))
     deleted = fields.Boolean(metadata={"description": "soft-deleted by an admin: takes are refused (410)"})
-    limits = fields.Dict(keys=fields.String(), values=fields.Nested(MetricLimit))
+    limits = fields.Dict(keys=fields.String(), values=fields.Nested(MetricLimit), attribute="by_metric")
 
 
 class AdminAccount(Account):
     stripe_customer_id = fields.String(allow_none=True)
-    limits = fields.Dict(keys=fields.String(), values=fields.Nested(AdminMetricLimit))
+    limits = fields.Dict(keys=fields.String(), values=fields.Nested(AdminMetricLimit), attribute="by_metric")
 
 
-class TakeResponse(Schema):
+class TakeResponse(Counter):
     take_id = fields.Integer()
     metric = fields.String()
     units = fields.Integer()
-    used = fields.Integer()
-    limit = fields.Integer(allow_none=True)
-    remaining = fields.Integer(allow_none=True)
-    period = fields.String()
-    limit_source = fields.String()
 
 
-class ReleaseResponse(Schema):
+class ReleaseResponse(TakeResponse):
+    """`released: false` carries only `reason` and `take_id` (NOT_RELEASED below)."""
+
     released = fields.Boolean()
-    reason = fields.String(metadata={"enum": ["already_released", "period_closed"]})
-    take_id = fields.Integer()
-    metric = fields.String()
+    reason = fields.String(validate=validate.OneOf(["already_released", "period_closed"]))
     units = fields.Integer(metadata={"description": "units actually given back"})
-    used = fields.Integer()
-    limit = fields.Integer(allow_none=True)
-    remaining = fields.Integer(allow_none=True)
-    period = fields.String()
-    limit_source = fields.String()
 
 
 class UsageResponse(Schema):
@@ -135,37 +254,46 @@ class UsageResponse(Schema):
     used = fields.Integer()
 
 
-class PageQuery(Schema):
-    cursor = fields.String(validate=validate.Regexp(r"[0-9]{1,18}\Z", error="a cursor from next_cursor"))
-    limit = fields.Integer(load_default=100, validate=validate.Range(min=1, max=1000))
+class ResetResponse(UsageResponse):
+    """The usage after an admin reset (0), and what it cleared."""
+
+    account_id = fields.String()
+    previous = fields.Integer()
 
 
-class LedgerQuery(PageQuery):
-    account_id = fields.String(validate=ACCOUNT_ID)
-    metric = Text(validate=validate.Length(min=1, max=64))
-    period = fields.String(validate=PERIOD)
-    kind = fields.String(validate=validate.OneOf(["take", "release", "reset"]))
+class DeleteResponse(Schema):
+    id = fields.String()
+    deleted = fields.Boolean()
 
 
-class AuditQuery(PageQuery):
-    account_id = fields.String(validate=ACCOUNT_ID)
+class RestoreResponse(DeleteResponse):
+    restored = fields.Boolean(metadata={"description": "false: the account was not deleted; nothing changed"})
 
 
-class PeriodQuery(Schema):
-    period = fields.String(required=True, validate=PERIOD)
-
-
-class ResetRequest(Schema):
-    metric = Text(required=True, validate=validate.Length(min=1, max=64))
+class StoredEvent(Schema):
+    id = fields.Integer()
+    provider = fields.String(validate=validate.OneOf(PROVIDERS))
+    event_id = fields.String()
+    type = fields.String()
+    status = fields.String(validate=validate.OneOf(EVENT_STATUSES))
+    error = fields.String(allow_none=True)
+    note = fields.String(allow_none=True, metadata={"description": "stale, unmapped price, moved, ..."})
+    account_id = fields.String(allow_none=True)
+    subscription_id = fields.String(allow_none=True)
+    customer_id = fields.String(allow_none=True)
+    occurred_at = fields.DateTime(metadata={"description": "the provider's event time"})
+    received_at = fields.DateTime()
+    processed_at = fields.DateTime(allow_none=True)
+    attempts = fields.Integer(metadata={"description": "1 + replays"})
 
 
 class LedgerEntry(Schema):
     id = fields.Integer()
-    at = fields.String()
+    at = fields.String(metadata={"format": "date-time"})
     account_id = fields.String()
     metric = fields.String()
     period = fields.String()
-    kind = fields.String(metadata={"enum": ["take", "release", "reset"]})
+    kind = fields.String(validate=validate.OneOf(LEDGER_KINDS))
     units = fields.Integer()
     used_after = fields.Integer()
     limit = fields.Integer(
@@ -181,14 +309,9 @@ class LedgerEntry(Schema):
     hash = fields.String(metadata={"description": "hex sha256 chaining this row (README: the hash chain)"})
 
 
-class LedgerPage(Schema):
-    items = fields.List(fields.Nested(LedgerEntry))
-    next_cursor = fields.String(allow_none=True)
-
-
 class AuditEntry(Schema):
     id = fields.Integer()
-    at = fields.String()
+    at = fields.DateTime()
     actor = fields.String()
     action = fields.String()
     account_id = fields.String(allow_none=True)
@@ -197,12 +320,23 @@ class AuditEntry(Schema):
     new = fields.Raw(allow_none=True)
 
 
-class AuditPage(Schema):
+class Page(Schema):
+    next_cursor = fields.String(allow_none=True, metadata={"description": "null: the last page"})
+
+
+class LedgerPage(Page):
+    items = fields.List(fields.Nested(LedgerEntry))
+
+
+class AuditPage(Page):
     items = fields.List(fields.Nested(AuditEntry))
-    next_cursor = fields.String(allow_none=True)
 
 
-class MismatchSchema(Schema):
+class EventsPage(Page):
+    items = fields.List(fields.Nested(StoredEvent))
+
+
+class Mismatch(Schema):
     account_id = fields.String()
     metric = fields.String()
     counter_used = fields.Integer(allow_none=True)
@@ -213,23 +347,63 @@ class MismatchSchema(Schema):
 class ReconciliationResponse(Schema):
     period = fields.String()
     checked = fields.Integer()
-    mismatches = fields.List(fields.Nested(MismatchSchema))
+    mismatches = fields.List(fields.Nested(Mismatch))
 
 
-class ResetResponse(Schema):
-    account_id = fields.String()
-    metric = fields.String()
-    period = fields.String()
-    previous = fields.Integer()
-    used = fields.Integer()
+class WebhookReceipt(Schema):
+    received = fields.Boolean()
+    id = fields.Integer(allow_none=True, metadata={"description": "the inbox row"})
+    status = fields.String(validate=validate.OneOf(["received", *EVENT_STATUSES]))
+    duplicate = fields.Boolean()
 
 
-class DeleteResponse(Schema):
-    id = fields.String()
-    deleted = fields.Boolean()
+class Health(Schema):
+    status = fields.String(validate=validate.OneOf(["ok"]))
 
 
-class RestoreResponse(Schema):
-    id = fields.String()
-    deleted = fields.Boolean()
-    restored = fields.Boolean(metadata={"description": "false: the account was not deleted; nothing changed"})
+class Readiness(Schema):
+    status = fields.String(validate=validate.OneOf(["ready", "unavailable"]))
+    checks = fields.Dict(
+        keys=fields.String(),
+        values=fields.String(),
+        metadata={"description": "database, broker: ok or why"},
+    )
+
+
+def page(items: Sequence[Any], limit: int) -> dict[str, Any]:
+    """A page to dump: `next_cursor` is the last id of a full page; a short page is the end (null)."""
+    if len(items) < limit or not items:
+        return {"items": items, "next_cursor": None}
+    last = items[-1]
+    return {"items": items, "next_cursor": str(last["id"] if isinstance(last, dict) else last.id)}
+
+
+# Built once: a Schema deep-copies its declared fields on construction (as long as a load takes),
+# and neither load() nor dump() keeps state on the instance.
+ACCOUNT_PUT = AccountPut()
+TAKE_REQUEST = TakeRequest()
+OVERRIDE_PUT = OverridePut()
+RESET_REQUEST = ResetRequest()
+USAGE_QUERY = UsageQuery()
+LEDGER_QUERY = LedgerQuery()
+AUDIT_QUERY = AuditQuery()
+EVENTS_QUERY = EventsQuery()
+PERIOD_QUERY = PeriodQuery()
+ACCOUNT = Account()
+ADMIN_ACCOUNT = AdminAccount()
+OVERRIDE_CHANGE = OverrideChange()
+TAKE = TakeResponse()
+RELEASED = ReleaseResponse(exclude=("reason",))
+NOT_RELEASED = ReleaseResponse(only=("released", "reason", "take_id"))
+USAGE = UsageResponse()
+RESET = ResetResponse()
+DELETED = DeleteResponse()
+RESTORED = RestoreResponse()
+STORED_EVENT = StoredEvent()
+LEDGER_PAGE = LedgerPage()
+AUDIT_PAGE = AuditPage()
+EVENTS_PAGE = EventsPage()
+RECONCILIATION = ReconciliationResponse()
+WEBHOOK_RECEIPT = WebhookReceipt()
+HEALTH = Health()
+READINESS = Readiness()

@@ -8,8 +8,8 @@ from typing import Any
 from flask import request
 from marshmallow import Schema, ValidationError
 
-from service.http.errors import ApiError
-from service.http.schemas import ACCOUNT_ID_RE, ACCOUNT_ID_RULE
+from service.http.errors import InvalidJson, ValidationFailed
+from service.http.schemas import ACCOUNT_ID, ACCOUNT_ID_RULE
 
 
 def json_body(schema: Schema) -> dict[str, Any]:
@@ -18,7 +18,7 @@ def json_body(schema: Schema) -> dict[str, Any]:
     except RecursionError:  # nested deeper than the parser goes; `silent` covers only ValueError
         data = None
     if not isinstance(data, dict):
-        raise ApiError(400, "invalid_json", "the body must be a JSON object")
+        raise InvalidJson("the body must be a JSON object")
     return load(schema, data)
 
 
@@ -30,11 +30,12 @@ def load(schema: Schema, data: dict[str, Any]) -> dict[str, Any]:
     try:
         loaded: dict[str, Any] = schema.load(data)
     except ValidationError as e:
-        raise ApiError(422, "validation_failed", "the request is not valid", fields=e.messages) from None
+        raise ValidationFailed("the request is not valid", fields=e.messages) from None
     return loaded
 
 
 def account_id(value: str) -> str:
-    if not ACCOUNT_ID_RE.match(value):
-        raise ApiError(422, "validation_failed", "invalid account id", fields={"id": [ACCOUNT_ID_RULE]})
-    return value
+    try:
+        return str(ACCOUNT_ID(value))
+    except ValidationError:
+        raise ValidationFailed("invalid account id", fields={"id": [ACCOUNT_ID_RULE]}) from None

@@ -6,34 +6,18 @@ event always gets a 200 once it is stored, whatever became of it: the body says 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import psycopg
 from flask import Blueprint, Response, jsonify, request
 
 from service import errors
 from service.billing import inbox
 from service.billing.events import Change, Envelope, NoChange
-from service.http.errors import ApiError
+from service.http import schemas as s
 from service.http.metrics import WEBHOOKS
 from service.http.runtime import runtime
 from service.webhooks import revenuecat, stripe
 
 bp = Blueprint("webhooks", __name__, url_prefix="/webhooks")
-
-REFUSAL_STATUS: dict[type[errors.WebhookRejected], int] = {
-    errors.InvalidSignature: 400,
-    errors.MalformedWebhook: 400,
-    errors.WebhookUnauthorized: 401,
-    errors.WebhooksNotConfigured: 503,
-}
-
-
-def _verified(check: Callable[[], Envelope]) -> Envelope:
-    try:
-        return check()
-    except errors.WebhookRejected as e:
-        raise ApiError(REFUSAL_STATUS.get(type(e), 400), e.code, e.message) from None
 
 
 def _receive(env: Envelope, *, allowed: bool, translate: inbox.Translate) -> Response:
@@ -43,37 +27,59 @@ def _receive(env: Envelope, *, allowed: bool, translate: inbox.Translate) -> Res
             receipt = inbox.receive(conn, rt.plans, env, allowed=allowed, translate=translate)
         except psycopg.DataError:
             # e.g. a NUL in the event id or type, which text refuses: nothing was stored
-            raise ApiError(400, "malformed_body", "the body holds JSON the database cannot store") from None
+            raise errors.MalformedWebhook("the body holds JSON the database cannot store") from None
     WEBHOOKS.labels(
         env.provider,
         "duplicate" if receipt.duplicate else receipt.status,
         "locked" if receipt.locked else "one_statement",
     ).inc()
     return jsonify(
-        {"received": True, "id": receipt.id, "status": receipt.status, "duplicate": receipt.duplicate}
+        s.WEBHOOK_RECEIPT.dump(
+            {"received": True, "id": receipt.id, "status": receipt.status, "duplicate": receipt.duplicate}
+        )
     )
 
 
 @bp.post("/stripe")
 def stripe_webhook() -> Response:
+    """A Stripe event: verified, stored, applied.
+    ---
+    post:
+      parameters:
+        - in: header
+          name: Stripe-Signature
+          required: true
+          description: t=<unix time>,v1=<HMAC-SHA256 of "t.body" with an endpoint secret>; else 400
+          schema: {type: string, pattern: "^t=[0-9]+(,v1=[0-9a-f]{64})+$"}
+      requestBody: {required: true, content: {application/json: {schema: StripeEvent}}}
+      responses:
+        200: {description: stored (applied, ignored, unmatched or failed) or a duplicate, content: {application/json: {schema: WebhookReceipt}}}
+        400: Error
+        503: Error
+    """  # noqa: E501
     settings = runtime().settings
-    env = _verified(
-        lambda: stripe.verify(
-            request.get_data(), request.headers.get("Stripe-Signature"), settings.stripe_webhook_secrets
-        )
+    env = stripe.verify(
+        request.get_data(), request.headers.get("Stripe-Signature"), settings.stripe_webhook_secrets
     )
     return _receive(env, allowed=env.type in stripe.ALLOWED_TYPES, translate=translator(stripe.PROVIDER))
 
 
 @bp.post("/revenuecat")
 def revenuecat_webhook() -> Response:
+    """A RevenueCat event: authenticated, stored, applied.
+    ---
+    post:
+      security: [{revenuecatAuthorization: []}]
+      requestBody: {required: true, content: {application/json: {schema: RevenueCatDelivery}}}
+      responses:
+        200: {description: stored (applied, ignored, unmatched or failed) or a duplicate, content: {application/json: {schema: WebhookReceipt}}}
+        400: Error
+        401: Error
+        503: Error
+    """  # noqa: E501
     settings = runtime().settings
-
-    def check() -> Envelope:
-        revenuecat.authenticate(request.headers.get("Authorization"), settings.revenuecat_webhook_auth)
-        return revenuecat.parse(request.get_data())
-
-    env = _verified(check)
+    revenuecat.authenticate(request.headers.get("Authorization"), settings.revenuecat_webhook_auth)
+    env = revenuecat.parse(request.get_data())
     return _receive(
         env, allowed=env.type in revenuecat.ALLOWED_TYPES, translate=translator(revenuecat.PROVIDER)
     )

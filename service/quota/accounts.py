@@ -9,8 +9,14 @@ from psycopg.rows import class_row, dict_row
 
 from service.billing.plans import PlanConfig
 from service.db import Connection, Q, transaction
-from service.errors import AccountDeleted, CustomerAlreadyLinked, UnknownAccount
+from service.errors import AccountDeleted, CustomerAlreadyLinked, UnknownAccount, UnknownMetric
 from service.quota import periods
+
+
+def require_metric(plans: PlanConfig, metric: str) -> None:
+    """Raise UnknownMetric unless the plan config names `metric`."""
+    if metric not in plans.metrics:
+        raise UnknownMetric(f"unknown metric {metric!r}; known: {', '.join(plans.metrics)}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,16 +40,33 @@ class MetricView:
     def resets_at(self) -> str:
         return periods.resets_at(self.period)
 
+    @property
+    def override(self) -> dict[str, int | None] | None:
+        """The sticky override as the admin sees it: {limit} (None = unlimited), or None when unset."""
+        return {"limit": self.override_limit} if self.override_set else None
+
 
 @dataclass(frozen=True, kw_only=True)
-class AccountView:
+class Account:
+    """An account as stored."""
+
     id: str
     kind: str
     plan: str
     subscription_status: str
     stripe_customer_id: str | None
     deleted: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class AccountView(Account):
+    """The account with one MetricView per metric of the plan config."""
+
     limits: list[MetricView] = field(default_factory=list)
+
+    @property
+    def by_metric(self) -> dict[str, MetricView]:
+        return {m.metric: m for m in self.limits}
 
 
 def _limit_params(plans: PlanConfig, plan: str) -> dict[str, object]:
@@ -55,19 +78,25 @@ def _limit_params(plans: PlanConfig, plan: str) -> dict[str, object]:
     }
 
 
-def ensure_quotas(conn: Connection, plans: PlanConfig, *, account_id: str, period: str | None = None) -> None:
-    """Create the counter rows that `account_id` lacks, with its plan's limits."""
-    with conn.cursor(row_factory=dict_row) as cur:
+def find_account(conn: Connection, *, account_id: str) -> Account:
+    """The stored account, or UnknownAccount."""
+    with conn.cursor(row_factory=class_row(Account)) as cur:
         acct = cur.execute(Q.account_get, {"account_id": account_id}).fetchone()
     if acct is None:
         raise UnknownAccount(f"unknown account {account_id!r}")
+    return acct
+
+
+def ensure_quotas(conn: Connection, plans: PlanConfig, *, account_id: str, period: str | None = None) -> None:
+    """Create the counter rows that `account_id` lacks, with its plan's limits."""
+    acct = find_account(conn, account_id=account_id)
     conn.execute(
         Q.ensure_quotas,
         {
             "account_id": account_id,
             "period": period or periods.current_period(),
             "free_plan": plans.free_plan,
-            **_limit_params(plans, acct["plan"]),
+            **_limit_params(plans, acct.plan),
         },
     )
 
@@ -78,8 +107,8 @@ def upsert_account(
     """Create the account on the free plan, or update its kind and customer link. True if created.
     A deleted account raises AccountDeleted; a customer linked elsewhere CustomerAlreadyLinked."""
     try:
-        with transaction(conn):
-            row = conn.execute(
+        with transaction(conn), conn.cursor(row_factory=dict_row) as cur:
+            row = cur.execute(
                 Q.account_upsert,
                 {
                     "account_id": account_id,
@@ -95,7 +124,7 @@ def upsert_account(
         raise CustomerAlreadyLinked(
             f"Stripe customer {stripe_customer_id!r} is already linked to another account"
         ) from None
-    return bool(row[0])
+    return bool(row["created"])
 
 
 def get_account(
@@ -103,10 +132,7 @@ def get_account(
 ) -> AccountView:
     """The account with one MetricView per metric of the plan config."""
     period = period or periods.current_period()
-    with conn.cursor(row_factory=dict_row) as cur:
-        acct = cur.execute(Q.account_get, {"account_id": account_id}).fetchone()
-    if acct is None:
-        raise UnknownAccount(f"unknown account {account_id!r}")
+    acct = find_account(conn, account_id=account_id)
     params = {"account_id": account_id, "period": period, "metrics": list(plans.metrics)}
     with conn.cursor(row_factory=class_row(MetricView)) as cur:
         limits = cur.execute(Q.account_quotas, params).fetchall()
@@ -114,7 +140,7 @@ def get_account(
         ensure_quotas(conn, plans, account_id=account_id, period=period)
         with conn.cursor(row_factory=class_row(MetricView)) as cur:
             limits = cur.execute(Q.account_quotas, params).fetchall()
-    return AccountView(**acct, limits=limits)
+    return AccountView(**vars(acct), limits=limits)
 
 
 def apply_plan(
@@ -124,17 +150,9 @@ def apply_plan(
     in one statement (an audit row per changed counter, a lapse-only change included); returns the
     number of counters changed. Never touches usage, the ledger or overrides. Inside the caller's
     transaction if there is one."""
-    row = conn.execute(
-        Q.apply_plan,
-        {
-            "account_id": account_id,
-            "plan": plan,
-            "status": status,
-            "actor": actor,
-            **plans.limit_table,
-        },
-    ).fetchone()
-    if row is None or not row[0]:
+    params = {"account_id": account_id, "plan": plan, "status": status, "actor": actor, **plans.limit_table}
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(Q.apply_plan, params).fetchone()
+    if row is None or not row["found"]:
         raise UnknownAccount(f"unknown account {account_id!r}")
-    changes: int = row[1]  # type: ignore[assignment]
-    return changes
+    return int(row["limit_changes"])

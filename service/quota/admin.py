@@ -3,14 +3,15 @@ audited, in the transaction that makes it, so `/v1/audit` is the one list of wha
 
 from __future__ import annotations
 
-from psycopg.types.json import Jsonb
+from psycopg.rows import dict_row
 
+from service import audit
 from service.billing.plans import PlanConfig
 from service.db import Connection, Q, transaction
-from service.errors import AccountDeleted, UnknownAccount, UnknownMetric
+from service.errors import AccountDeleted
 from service.quota import periods
-from service.quota.accounts import ensure_quotas
-from service.quota.takes import ROLLOVER_ACTOR, redrawn
+from service.quota.accounts import ensure_quotas, find_account, require_metric
+from service.quota.takes import redrawn, roll_over
 
 
 def reset_counter(
@@ -24,86 +25,67 @@ def reset_counter(
 ) -> int:
     """Set the counter of the open period to 0 with one reset ledger row naming `actor`;
     returns the value cleared. A deleted account raises AccountDeleted."""
-    if metric not in plans.metrics:
-        raise UnknownMetric(f"unknown metric {metric!r}; known: {', '.join(plans.metrics)}")
+    require_metric(plans, metric)
     period = period or periods.current_period()
     params = {"account_id": account_id, "metric": metric, "period": period, "actor": actor}
-    acct = conn.execute(Q.account_get, params).fetchone()
-    if acct is None:
-        raise UnknownAccount(f"unknown account {account_id!r}")
-    if acct[5]:
+    if find_account(conn, account_id=account_id).deleted:
         raise AccountDeleted(f"account {account_id!r} was deleted")
     ensure_quotas(conn, plans, account_id=account_id, period=period)
-    return redrawn(lambda: _reset_counter(conn, params))
 
+    def reset() -> int:
+        with transaction(conn), conn.cursor(row_factory=dict_row) as cur:
+            # A counter still in an earlier month is first opened into this one, as a take would.
+            roll_over(conn, account_id=account_id, metric=metric, period=period)
+            row = cur.execute(Q.admin_reset, params).fetchone()  # none: the counter held nothing
+            previous = int(row["previous"]) if row else 0
+            audit.record(
+                conn,
+                actor=actor,
+                action="counter_reset",
+                account_id=account_id,
+                metric=metric,
+                old={"used": previous, "period": period},
+                new={"used": 0, "period": period, "ledger_id": row["id"] if row else None},
+            )
+        return previous
 
-def _reset_counter(conn: Connection, params: dict[str, str]) -> int:
-    with transaction(conn):
-        # A counter still in an earlier month is first opened into this one, as a take would.
-        conn.execute(Q.roll_over, {**params, "actor": ROLLOVER_ACTOR})
-        row = conn.execute(Q.admin_reset, params).fetchone()
-        previous = int(row[1]) if row else 0  # type: ignore[call-overload]
-        actor, account_id = params["actor"], params["account_id"]
-        metric, period = params["metric"], params["period"]
-        conn.execute(
-            Q.audit,
-            {
-                "actor": actor,
-                "action": "counter_reset",
-                "account_id": account_id,
-                "metric": metric,
-                "old": Jsonb({"used": previous, "period": period}),
-                "new": Jsonb({"used": 0, "period": period, "ledger_id": row[0] if row else None}),
-            },
-        )
-    return previous
+    return redrawn(reset)  # the whole transaction again, with new ledger ids (migrations/0012)
 
 
 def soft_delete(conn: Connection, *, account_id: str, actor: str) -> bool:
     """Mark the account deleted: takes are refused (410) and resets skip it. Its ledger stays.
     True if this call deleted it; False if it was deleted already, and then nothing is written (the
     audit log records only what happened). UnknownAccount if there is no such account."""
-    params = {"account_id": account_id}
-    with transaction(conn):
-        if conn.execute(Q.soft_delete_account, params).fetchone() is None:
-            if conn.execute(Q.account_get, params).fetchone() is None:
-                raise UnknownAccount(f"unknown account {account_id!r}")
-            return False
-        conn.execute(Q.soft_delete_quotas, params)
-        conn.execute(
-            Q.audit,
-            {
-                "actor": actor,
-                "action": "account_deleted",
-                "account_id": account_id,
-                "metric": None,
-                "old": Jsonb({"deleted": False}),
-                "new": Jsonb({"deleted": True}),
-            },
-        )
-    return True
+    return _set_deleted(conn, account_id=account_id, actor=actor, deleted=True)
 
 
 def restore(conn: Connection, *, account_id: str, actor: str) -> bool:
     """Undo a soft delete: takes are accepted again and resets include the account (a counter left
     in an earlier month is rolled over by its next take). False, and no audit row, when the account
     was not deleted: the audit log records only what changed."""
+    return _set_deleted(conn, account_id=account_id, actor=actor, deleted=False)
+
+
+def _set_deleted(conn: Connection, *, account_id: str, actor: str, deleted: bool) -> bool:
+    """The account row, then its counters' copy of the flag, then the audit row, in one
+    transaction; nothing at all when the account already is as asked."""
+    account_q, quotas_q, action = (
+        (Q.soft_delete_account, Q.soft_delete_quotas, "account_deleted")
+        if deleted
+        else (Q.restore_account, Q.restore_quotas, "account_restored")
+    )
     params = {"account_id": account_id}
     with transaction(conn):
-        if conn.execute(Q.restore_account, params).fetchone() is None:
-            if conn.execute(Q.account_get, params).fetchone() is None:
-                raise UnknownAccount(f"unknown account {account_id!r}")
+        if conn.execute(account_q, params).fetchone() is None:
+            find_account(conn, account_id=account_id)  # UnknownAccount, or it is as asked already
             return False
-        conn.execute(Q.restore_quotas, params)
-        conn.execute(
-            Q.audit,
-            {
-                "actor": actor,
-                "action": "account_restored",
-                "account_id": account_id,
-                "metric": None,
-                "old": Jsonb({"deleted": True}),
-                "new": Jsonb({"deleted": False}),
-            },
+        conn.execute(quotas_q, params)
+        audit.record(
+            conn,
+            actor=actor,
+            action=action,
+            account_id=account_id,
+            old={"deleted": not deleted},
+            new={"deleted": deleted},
         )
     return True

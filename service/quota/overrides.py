@@ -4,12 +4,12 @@ that changes nothing (clearing an override that is not set, setting the value it
 from __future__ import annotations
 
 from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
 
+from service import audit
 from service.billing.plans import PlanConfig
 from service.db import Connection, Q, transaction
-from service.errors import UnknownAccount, UnknownMetric
-from service.quota.accounts import ensure_quotas
+from service.errors import UnknownAccount
+from service.quota.accounts import ensure_quotas, require_metric
 
 
 def _override(row: dict[str, object]) -> dict[str, object] | None:
@@ -27,8 +27,7 @@ def _change(
     override_set: bool,
     override_limit: int | None,
 ) -> dict[str, object] | None:
-    if metric not in plans.metrics:
-        raise UnknownMetric(f"unknown metric {metric!r}; known: {', '.join(plans.metrics)}")
+    require_metric(plans, metric)
     params = {"account_id": account_id, "metric": metric}
     with transaction(conn), conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(Q.quota_for_update, params).fetchone()
@@ -44,15 +43,8 @@ def _change(
         cur.execute(
             Q.set_override, {**params, "override_set": override_set, "override_limit": override_limit}
         )
-        cur.execute(
-            Q.audit,
-            {
-                **params,
-                "actor": actor,
-                "action": action,
-                "old": Jsonb(previous),
-                "new": Jsonb(new),
-            },
+        audit.record(
+            conn, actor=actor, action=action, account_id=account_id, metric=metric, old=previous, new=new
         )
     return previous
 

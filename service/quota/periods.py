@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 
-# \Z, not $: in Python `$` also matches before a trailing newline.
-PERIOD_RE = re.compile(r"[0-9]{4}-(0[1-9]|1[0-2])\Z")
+# Anchored as JSON Schema reads a pattern, so that the OpenAPI document can quote it; used with
+# fullmatch() only, because Python's `$` also matches before a trailing newline.
+PERIOD_RE = re.compile(r"^[0-9]{4}-(0[1-9]|1[0-2])$")
 
 
 def now() -> datetime:
@@ -38,4 +39,4 @@ def resets_at(period: str) -> str:
 
 
 def is_period(s: str) -> bool:
-    return bool(PERIOD_RE.match(s))
+    return bool(PERIOD_RE.fullmatch(s))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import psycopg
@@ -16,11 +16,10 @@ from service.errors import (
     IdempotencyKeyReused,
     QuotaExhausted,
     UnknownAccount,
-    UnknownMetric,
     UnknownTake,
 )
 from service.quota import periods
-from service.quota.accounts import ensure_quotas
+from service.quota.accounts import ensure_quotas, require_metric
 
 ROLLOVER_ACTOR = "system:rollover"
 R = TypeVar("R")
@@ -67,15 +66,45 @@ class Release:
         return max(self.limit - self.used, 0)
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Attempt:
+    """One take as the statements see it: vars() of it are their named parameters."""
+
+    account_id: str
+    metric: str
+    units: int
+    period: str
+    idempotency_key: str | None
+    actor: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Counter:
+    """The counter a refused take met (period, used, limit: None when the account has none yet)."""
+
+    deleted: bool
+    period: str | None
+    used: int | None
+    limit: int | None
+    limit_source: str | None
+
+
+# A take that meets a counter to mend (not created yet, last month's, next month's) or a release
+# that freed room since the statement goes round again; more passes than that means the counter
+# keeps changing under it.
+MAX_PASSES = 4
+
+
 # A chain writer that lost the race for its counter on Citus runs again with a new ledger id
 # (migrations/0012): it may lose again to as many writers as wait on the same counter.
 REDRAWS = 100
 
 
 def redrawn(statement: Callable[[], R]) -> R:
-    """Run a ledger-writing statement (autocommit: it is its own transaction), again while Citus
-    refuses the ledger id it drew as older than its counter's newest row (quotas_chain_in_id_order,
-    migrations/0012). On plain PostgreSQL the id is drawn after the row lock and this never repeats."""
+    """Run a ledger-writing statement, or a whole transaction of them, again while Citus refuses the
+    ledger id it drew as older than its counter's newest row (quotas_chain_in_id_order,
+    migrations/0012). On plain PostgreSQL the id is drawn after the row lock and this never repeats.
+    Not for a statement inside a caller's transaction: that one must be repeated whole."""
     for attempt in range(REDRAWS):
         try:
             return statement()
@@ -98,71 +127,102 @@ def take(
 ) -> Take:
     """Take `units` of `metric` for the current period, or raise QuotaExhausted, UnknownAccount,
     AccountDeleted or UnknownMetric. With an idempotency key already used by this account, returns
-    the original take and moves nothing. Call on an autocommit connection: the take is one statement."""
-    if metric not in plans.metrics:
-        raise UnknownMetric(f"unknown metric {metric!r}; known: {', '.join(plans.metrics)}")
-    period = period or periods.current_period()
-    params = {
-        "account_id": account_id,
-        "metric": metric,
-        "units": units,
-        "period": period,
-        "idempotency_key": idempotency_key,
-        "actor": actor,
-    }
-    # Almost always one pass. The loop only turns when the refusal is something we can mend:
-    # a new month (roll the counter over), a counter row not created yet, or a release that freed
-    # room between our statement and the diagnosis.
-    for _ in range(4):
-        try:
-            with conn.cursor(row_factory=class_row(Take)) as cur:
-                granted = redrawn(lambda: cur.execute(Q.take, params).fetchone())
-        except psycopg.errors.UniqueViolation:
-            granted = None  # the key was taken by an earlier (or concurrent, now committed) take
+    the original take and moves nothing. Call on an autocommit connection: the take is one statement,
+    and everything after it runs only when it was refused."""
+    require_metric(plans, metric)
+    attempt = _Attempt(
+        account_id=account_id,
+        metric=metric,
+        units=units,
+        period=period or periods.current_period(),
+        idempotency_key=idempotency_key,
+        actor=actor,
+    )
+    for _ in range(MAX_PASSES):
+        granted = _take(conn, attempt)
         if granted is not None:
             return granted
-        with conn.cursor(row_factory=dict_row) as cur:
-            if idempotency_key is not None:
-                earlier = cur.execute(Q.take_by_key, params).fetchone()
-                if earlier is not None:
-                    if earlier["metric"] != metric or earlier["units"] != units:
-                        raise IdempotencyKeyReused(take_id=earlier["take_id"])
-                    return Take(**earlier, replayed=True)
-            why = cur.execute(Q.take_refusal, params).fetchone()
-        if why is None:
-            raise UnknownAccount(f"unknown account {account_id!r}")
-        if why["deleted"]:
-            raise AccountDeleted(f"account {account_id!r} was deleted")
-        if why["period"] is None:
-            ensure_quotas(conn, plans, account_id=account_id, period=period)
-            continue
-        if why["period"] < period:
-            redrawn(lambda: conn.execute(Q.roll_over, {**params, "actor": ROLLOVER_ACTOR}))
-            continue
-        if why["period"] > period:  # another server's clock already opened the next month
-            params["period"] = period = why["period"]
-            continue
-        limit = why["limit"]
-        if limit is not None and why["used"] + units > limit:
-            raise QuotaExhausted(
-                f"{metric}: {units} more would exceed the limit of {limit}",
-                used=why["used"],
-                limit=limit,
-                remaining=max(limit - why["used"], 0),
-                period=period,
-                limit_source=why["limit_source"],
+        earlier = _replay(conn, attempt)
+        if earlier is not None:
+            return earlier
+        counter = _refusal(conn, attempt)
+        if counter.period is None:
+            _create_counter(conn, plans, attempt)
+        elif counter.period < attempt.period:
+            redrawn(
+                lambda: roll_over(
+                    conn, account_id=attempt.account_id, metric=attempt.metric, period=attempt.period
+                )
             )
-    # Only reachable if the counter keeps changing under us (releases racing the diagnosis): refuse
-    # with the last state seen; the client may simply retry.
-    assert why is not None  # every pass that gets here has read the counter
-    used, limit = why["used"], why["limit"]
-    raise QuotaExhausted(
-        "the counter kept changing during the take; retry",
+        elif counter.period > attempt.period:  # another server's clock already opened the next month
+            attempt = replace(attempt, period=counter.period)
+    # the counter kept changing (releases racing the diagnosis): refuse with the last state seen
+    raise _exhausted(attempt, counter, "the counter kept changing during the take; retry")
+
+
+def _take(conn: Connection, attempt: _Attempt) -> Take | None:
+    """The hot path: one statement that moves the counter and writes its ledger row, or nothing."""
+    try:
+        with conn.cursor(row_factory=class_row(Take)) as cur:
+            return redrawn(lambda: cur.execute(Q.take, vars(attempt)).fetchone())
+    except psycopg.errors.UniqueViolation:
+        return None  # the key was taken by an earlier (or concurrent, now committed) take
+
+
+def _replay(conn: Connection, attempt: _Attempt) -> Take | None:
+    """The earlier take of this idempotency key, if any; IdempotencyKeyReused if it took other units."""
+    if attempt.idempotency_key is None:
+        return None
+    with conn.cursor(row_factory=class_row(Take)) as cur:
+        earlier = cur.execute(Q.take_by_key, vars(attempt)).fetchone()
+    if earlier is None:
+        return None
+    if (earlier.metric, earlier.units) != (attempt.metric, attempt.units):
+        raise IdempotencyKeyReused(take_id=earlier.take_id)
+    return replace(earlier, replayed=True)
+
+
+def _refusal(conn: Connection, attempt: _Attempt) -> _Counter:
+    """Why the take statement matched nothing. Raises what the client must be told (UnknownAccount,
+    AccountDeleted, QuotaExhausted); returns the counter when the refusal is one to mend."""
+    with conn.cursor(row_factory=class_row(_Counter)) as cur:
+        counter = cur.execute(Q.take_refusal, vars(attempt)).fetchone()
+    if counter is None:
+        raise UnknownAccount(f"unknown account {attempt.account_id!r}")
+    if counter.deleted:
+        raise AccountDeleted(f"account {attempt.account_id!r} was deleted")
+    if counter.period == attempt.period and counter.limit is not None:
+        assert counter.used is not None  # a counter row has both
+        if counter.used + attempt.units > counter.limit:
+            raise _exhausted(
+                attempt,
+                counter,
+                f"{attempt.metric}: {attempt.units} more would exceed the limit of {counter.limit}",
+            )
+    return counter
+
+
+def _create_counter(conn: Connection, plans: PlanConfig, attempt: _Attempt) -> None:
+    """The account has no counter for this metric yet (created lazily, with its plan's limits)."""
+    ensure_quotas(conn, plans, account_id=attempt.account_id, period=attempt.period)
+
+
+def roll_over(conn: Connection, *, account_id: str, metric: str, period: str) -> None:
+    """Open `period` on a counter still in an earlier month: from zero, with the reset row of what
+    it cleared (none if it held nothing). A counter already in `period` is left alone."""
+    params = {"account_id": account_id, "metric": metric, "period": period, "actor": ROLLOVER_ACTOR}
+    conn.execute(Q.roll_over, params)
+
+
+def _exhausted(attempt: _Attempt, counter: _Counter, message: str) -> QuotaExhausted:
+    used, limit = counter.used or 0, counter.limit
+    return QuotaExhausted(
+        message,
         used=used,
         limit=limit,
         remaining=None if limit is None else max(limit - used, 0),
-        period=period,
-        limit_source=why["limit_source"],
+        period=attempt.period,
+        limit_source=counter.limit_source,
     )
 
 

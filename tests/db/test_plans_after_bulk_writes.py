@@ -22,6 +22,10 @@ AT = periods.period_start(P1) + timedelta(hours=1)
 ACCOUNTS = 6000  # x 3 metrics
 
 
+# Rows written here bypass the writers, so they carry no real chain; nothing here verifies it.
+SEED_HASH = bytes(32)
+
+
 def seed(conn: psycopg.Connection[Any]) -> None:
     """ACCOUNTS x 3 counters in P0 holding usage (one take row each), analyzed as such; autovacuum
     off on the two tables so that the statistics stay what they were before the bulk write."""
@@ -38,9 +42,9 @@ def seed(conn: psycopg.Connection[Any]) -> None:
         (P0,),
     )
     conn.execute(
-        "INSERT INTO ledger (account_id, metric, period, kind, units, used_after, actor) "
-        "SELECT account_id, metric, %s, 'take', 1, 1, 'test' FROM quotas",
-        (P0,),
+        "INSERT INTO ledger (account_id, metric, period, kind, units, used_after, actor, hash) "
+        "SELECT account_id, metric, %s, 'take', 1, 1, 'test', %s FROM quotas",
+        (P0, SEED_HASH),
     )
     conn.execute("UPDATE quotas SET used = 1")
     conn.execute("ANALYZE quotas")
@@ -52,14 +56,15 @@ def bulk_write_p1(conn: psycopg.Connection[Any]) -> None:
     moved to P1 with a reset row (as if it had cleared 1), then a take of 2 on each."""
     conn.execute("UPDATE quotas SET period = %s, used = 2", (P1,))
     conn.execute(
-        "INSERT INTO ledger (account_id, metric, period, kind, units, used_after, idempotency_key, actor) "
-        "SELECT account_id, metric, %s, 'reset', 1, 0, 'period-open:' || %s, 'test' FROM quotas",
-        (P1, P1),
+        "INSERT INTO ledger"
+        " (account_id, metric, period, kind, units, used_after, idempotency_key, actor, hash) "
+        "SELECT account_id, metric, %s, 'reset', 1, 0, 'period-open:' || %s, 'test', %s FROM quotas",
+        (P1, P1, SEED_HASH),
     )
     conn.execute(
-        "INSERT INTO ledger (account_id, metric, period, kind, units, used_after, actor) "
-        "SELECT account_id, metric, %s, 'take', 2, 2, 'test' FROM quotas",
-        (P1,),
+        "INSERT INTO ledger (account_id, metric, period, kind, units, used_after, actor, hash) "
+        "SELECT account_id, metric, %s, 'take', 2, 2, 'test', %s FROM quotas",
+        (P1, SEED_HASH),
     )
 
 

@@ -50,7 +50,7 @@ def test_next_take_starts_from_zero_and_records_the_reset(conn, plans):
     assert r["idempotency_key"] == f"period-open:{now}"
     assert r["id"] < t.take_id
     assert ledger_used(conn, account, METRIC, OLD) == 7, "the closed period keeps its total"
-    assert usage.usage(conn, account_id=account, metric=METRIC, period=OLD) == 7
+    assert usage.usage(conn, plans, account_id=account, metric=METRIC, period=OLD) == 7
     assert_counter_matches_ledger(conn, account, METRIC)
 
     _take(conn, plans, account)
@@ -79,7 +79,7 @@ def test_reads_of_a_stale_counter_show_zero_and_change_nothing(conn, plans):
     view = accounts.get_account(conn, plans, account_id=account)
     m = next(m for m in view.limits if m.metric == METRIC)
     assert (m.used, m.period, m.remaining) == (0, periods.current_period(), 50)
-    assert usage.usage(conn, account_id=account, metric=METRIC) == 0
+    assert usage.usage(conn, plans, account_id=account, metric=METRIC) == 0
     assert counter(conn, account, METRIC)["period"] == OLD
     assert ledger_rows(conn, account, kind="reset") == []
 
@@ -89,7 +89,7 @@ def test_rollover_over_several_months(conn, plans):
     t = _take(conn, plans, account, period="2024-05")
     assert (t.period, t.used) == ("2024-05", 1)
     assert [(r["period"], r["units"]) for r in ledger_rows(conn, account, kind="reset")] == [("2024-05", 2)]
-    assert usage.usage(conn, account_id=account, metric=METRIC, period="2024-03") == 0
+    assert usage.usage(conn, plans, account_id=account, metric=METRIC, period="2024-03") == 0
 
 
 def test_a_take_with_a_clock_behind_the_counter_lands_in_the_counters_period(conn, plans):

@@ -46,6 +46,7 @@ def serve_env(database_url: str, redis_url: str, **extra: Any) -> dict[str, str]
         "REDIS_URL": redis_url,
         "PLANS_FILE": str(PLANS_FILE),
         "KEY_CACHE_SECONDS": "0",  # every request needs the database, as an uncached key would
+        "WEBHOOK_ENVIRONMENT": "any",  # serve refuses to start without it; no webhook is sent here
         **{k: str(v) for k, v in extra.items()},
     }
 

@@ -1,5 +1,5 @@
 -- The ledger's hash chain, read for verification (service/quota/chain.py). Writers chain in their
--- own statements (quota.sql, ledger.sql, jobs.sql) through ledger_hash() (migrations/0009).
+-- own statements (takes.sql, admin.sql, reset.sql) through ledger_hash() (migrations/0009).
 
 -- name: chain_walk
 -- Every row to check, account by account in id order: rows of one account are few enough to keep

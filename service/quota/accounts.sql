@@ -1,0 +1,59 @@
+-- Accounts and their counter rows (service/quota/accounts.py). Keyed by account_id.
+
+-- name: account_upsert
+-- xmax = 0 only on a freshly inserted row: tells "created" from "existed" in one statement.
+INSERT INTO accounts (id, kind, plan, stripe_customer_id)
+VALUES (%(account_id)s, %(kind)s, %(plan)s, %(stripe_customer_id)s)
+ON CONFLICT (id) DO UPDATE
+   SET kind = EXCLUDED.kind,
+       stripe_customer_id = coalesce(EXCLUDED.stripe_customer_id, accounts.stripe_customer_id),
+       updated_at = EXCLUDED.updated_at  -- its default, now(): Citus takes no now() in DO UPDATE
+ WHERE NOT accounts.deleted
+RETURNING (xmax = 0) AS created
+
+-- name: ensure_quotas
+-- Creates the counter rows an account lacks (new account, or a metric added to the plan config),
+-- with the limits of its plan. Existing rows are left alone.
+INSERT INTO quotas (account_id, metric, plan_limit, free_limit, lapsed, account_deleted, period)
+SELECT a.id, m.metric, m.plan_limit, m.free_limit,
+       billing_is_lapsed(a.plan, a.subscription_status, %(free_plan)s), a.deleted, %(period)s
+  FROM accounts a,
+       unnest(%(metrics)s::text[], %(plan_limits)s::bigint[], %(free_limits)s::bigint[])
+           AS m (metric, plan_limit, free_limit)
+ WHERE a.id = %(account_id)s
+ON CONFLICT (account_id, metric) DO NOTHING
+
+-- name: account_get
+SELECT id, kind, plan, subscription_status, stripe_customer_id, deleted
+  FROM accounts
+ WHERE id = %(account_id)s
+
+-- name: account_quotas
+-- A counter still holding an earlier period reads as 0: the new month has started for it.
+SELECT metric, lim AS "limit", limit_source,
+       CASE WHEN period < %(period)s THEN 0 ELSE used END AS used,
+       greatest(period, %(period)s) AS period,
+       plan_limit, override_set, override_limit
+  FROM quotas
+ WHERE account_id = %(account_id)s AND metric = ANY(%(metrics)s)
+ ORDER BY metric
+
+-- name: apply_plan
+-- Sets an account's plan tier and subscription status and, in the same statement, brings its
+-- stored plan limits (and lapsed flag, billing_is_lapsed) in line through quotas_follow_plan
+-- (migrations/repeatable/billing_rules.sql: only rows whose values differ, never the override
+-- columns, an audit row per changed row).
+-- `found` = 0 means no such account.
+WITH account AS (
+    UPDATE accounts
+       SET plan = %(plan)s, subscription_status = %(status)s, updated_at = now()
+     WHERE id = %(account_id)s
+ RETURNING id
+)
+SELECT count(*) AS found,
+       coalesce(sum(quotas_follow_plan(id, %(plan)s,
+                                       billing_is_lapsed(%(plan)s, %(status)s, %(free_plan)s),
+                                       %(actor)s, %(free_plan)s,
+                                       %(plan_names)s::text[], %(plan_metrics)s::text[],
+                                       %(plan_limits)s::bigint[])), 0) AS limit_changes
+  FROM account

@@ -1,0 +1,59 @@
+-- The daily plan sync (service/quota/plan_sync.py): stored plan limits brought in line with the
+-- plan config, never an override column.
+
+-- name: plan_sync_accounts
+-- The next batch of live accounts, in id order, for a dry run (no locks).
+SELECT id, plan, subscription_status, billing_is_lapsed(plan, subscription_status, %(free_plan)s) AS lapsed
+  FROM accounts
+ WHERE NOT deleted AND id > %(after)s
+ ORDER BY id
+ LIMIT %(batch_size)s
+
+-- name: plan_sync_lock_accounts
+-- The same batch, share-locked: a webhook changing an account's plan waits for this batch (or this
+-- batch waits for it and reads the new plan), so the sync never writes a stale plan's limits.
+SELECT id, plan, subscription_status, billing_is_lapsed(plan, subscription_status, %(free_plan)s) AS lapsed
+  FROM accounts
+ WHERE NOT deleted AND id > %(after)s
+ ORDER BY id
+ LIMIT %(batch_size)s
+   FOR SHARE
+
+-- name: plan_sync_diff
+-- What a sync of these targets would change, and the overrides it leaves alone. Read only.
+WITH target AS (
+    SELECT * FROM unnest(%(account_ids)s::text[], %(metrics)s::text[], %(plan_limits)s::bigint[],
+                         %(free_limits)s::bigint[], %(lapsed)s::boolean[])
+                  AS t (account_id, metric, plan_limit, free_limit, lapsed)
+)
+SELECT t.account_id, t.metric, q.account_id IS NULL AS created,
+       q.plan_limit AS old_plan_limit, t.plan_limit AS new_plan_limit,
+       q.free_limit AS old_free_limit, t.free_limit AS new_free_limit,
+       q.lapsed AS old_lapsed, t.lapsed AS new_lapsed,
+       coalesce(q.override_set, false) AS override_set, q.override_limit
+  FROM target t
+  LEFT JOIN quotas q ON q.account_id = t.account_id AND q.metric = t.metric
+ WHERE q.account_id IS NULL
+    OR q.plan_limit IS DISTINCT FROM t.plan_limit OR q.free_limit IS DISTINCT FROM t.free_limit
+    OR q.lapsed <> t.lapsed
+ ORDER BY t.account_id, t.metric
+
+-- name: plan_sync_create
+-- Counter rows for metrics an account lacks (a metric added to the plan config), in `period`.
+INSERT INTO quotas (account_id, metric, plan_limit, free_limit, lapsed, period)
+SELECT t.account_id, t.metric, t.plan_limit, t.free_limit, t.lapsed, %(period)s
+  FROM unnest(%(account_ids)s::text[], %(metrics)s::text[], %(plan_limits)s::bigint[],
+              %(free_limits)s::bigint[], %(lapsed)s::boolean[])
+           AS t (account_id, metric, plan_limit, free_limit, lapsed)
+ON CONFLICT (account_id, metric) DO NOTHING
+RETURNING account_id, metric, plan_limit, free_limit, lapsed
+
+-- name: plan_sync_apply
+-- "Plan limits follow the tier" for a batch of accounts: quotas_follow_targets
+-- (migrations/repeatable/billing_rules.sql), the one definition that apply_plan and webhook
+-- deliveries reach through quotas_follow_plan. Kept set-based rather than a call per account: a
+-- sync touches every account in batches.
+SELECT account_id, metric, false AS created, old_plan_limit, new_plan_limit, old_free_limit,
+       new_free_limit, old_lapsed, new_lapsed, override_set, override_limit
+  FROM quotas_follow_targets(%(account_ids)s::text[], %(metrics)s::text[], %(plan_limits)s::bigint[],
+                             %(free_limits)s::bigint[], %(lapsed)s::boolean[], %(actor)s)
