@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TypeVar
 
 import psycopg
@@ -150,8 +151,12 @@ def take(
             _create_counter(conn, plans, attempt)
         elif counter.period < attempt.period:
             redrawn(
-                lambda: roll_over(
-                    conn, account_id=attempt.account_id, metric=attempt.metric, period=attempt.period
+                partial(
+                    roll_over,
+                    conn,
+                    account_id=attempt.account_id,
+                    metric=attempt.metric,
+                    period=attempt.period,
                 )
             )
         elif counter.period > attempt.period:  # another server's clock already opened the next month
