@@ -146,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
             for side in ("on", "off"):
                 env = {**os.environ, "DATABASE_URL": dbs[side], "REDIS_URL": redis_url}
                 env["PLANS_FILE"] = str(PLANS_FILE)
+                # serve refuses to start without one; no webhook is sent here
+                env["WEBHOOK_ENVIRONMENT"] = "any"
                 env.pop("PROMETHEUS_MULTIPROC_DIR", None)
                 cmd = [py, str(HERE / "serve_variant.py")]
                 cmd += ["--take-sql", str(UNCHAINED)] if side == "off" else []

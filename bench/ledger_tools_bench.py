@@ -157,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         key = create_key(conn, name="bench-finance", role="finance", actor="system:bench")
     env = {**os.environ, "DATABASE_URL": db, "REDIS_URL": redis_url, "PLANS_FILE": str(PLANS_FILE)}
+    env["WEBHOOK_ENVIRONMENT"] = "any"  # serve refuses to start without one; no webhook is sent here
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     py = sys.executable
     out_file = Path(tempfile.mkdtemp(prefix="bench-ledger-")) / "export.csv"
