@@ -51,8 +51,17 @@ def account_name(i: int) -> str:
 
 def setup(pg: str, *, ql: str = "bench_ql", bl: str = "bench_bl") -> tuple[str, str]:
     """Fresh scratch databases, seeded with 100,000 accounts each. Returns (ours, baseline) URLs."""
-    ql_url = service_database(pg, ql)
-    bl_url = recreate_database(pg, bl)
+    return service_database(pg, ql), baseline_database(pg, bl)
+
+
+def service_database(pg: str, name: str) -> str:
+    """A fresh scratch database `name` with our migrations and 100,000 accounts; returns its URL."""
+    return seed_service_database(recreate_database(pg, name))
+
+
+def baseline_database(pg: str, name: str = "bench_bl") -> str:
+    """A fresh scratch database `name` with the baseline's schema (baseline/schema.sql)."""
+    bl_url = recreate_database(pg, name)
     subprocess.run(
         ["psql", "-q", "-v", "ON_ERROR_STOP=1", "-f", str(BASELINE / "schema.sql"), bl_url],
         check=True,
@@ -61,12 +70,11 @@ def setup(pg: str, *, ql: str = "bench_ql", bl: str = "bench_bl") -> tuple[str, 
     )
     with psycopg.connect(bl_url, autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE bl_usage")
-    return ql_url, bl_url
+    return bl_url
 
 
-def service_database(pg: str, name: str) -> str:
-    """A fresh scratch database `name` with our migrations and 100,000 accounts; returns its URL."""
-    ql_url = recreate_database(pg, name)
+def seed_service_database(ql_url: str) -> str:
+    """Our migrations and 100,000 accounts in the empty database at `ql_url`; returns it."""
     migrate(ql_url)
     plans = load_plans(PLANS_FILE)
     plan = plans.free_plan

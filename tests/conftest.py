@@ -36,6 +36,9 @@ from service.config import Settings
 from service.keys import create_key
 from service.migrate import migrate
 from service.roles import as_login, ensure_login_role
+from tests.citus import CLUSTER_GAPS, CLUSTER_SUITE, on_cluster
+from tests.citus.cluster import Cluster, unavailable_reason
+from tests.citus.cluster import start as start_cluster
 from tests.servers import PgBouncer, Unavailable
 
 TESTS = Path(__file__).resolve().parent
@@ -70,10 +73,40 @@ def _docker_engine() -> bool:
         return False
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(str(config.rootpath))
+    for item in items:
+        path = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
+        if path in CLUSTER_SUITE or path.startswith("tests/citus/"):
+            item.add_marker(pytest.mark.citus)
+            if not on_cluster():
+                continue
+            if path in CLUSTER_GAPS:  # a whole module: not run, to keep the cluster run short
+                item.add_marker(pytest.mark.skip(reason=f"not yet on Citus: {CLUSTER_GAPS[path]}"))
+            elif gap := CLUSTER_GAPS.get(f"{path}::{item.originalname}"):
+                item.add_marker(pytest.mark.xfail(reason=f"not yet on Citus: {gap}", strict=True))
+
+
 @pytest.fixture(scope="session")
-def pg_url() -> Iterator[str]:
+def citus_cluster() -> Iterator[Cluster]:
+    """A local Citus cluster for this session (tests/citus/cluster.py), stopped afterwards; the test
+    is skipped where Citus is not installed."""
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(f"needs a Citus cluster: {reason}")
+    cluster = start_cluster()
+    yield cluster
+    from tests.citus.cluster import destroy
+
+    destroy(cluster)
+
+
+@pytest.fixture(scope="session")
+def pg_url(request: pytest.FixtureRequest) -> Iterator[str]:
     """A Postgres server URL (any database) that the tests may create databases on."""
-    if os.environ.get("DATABASE_URL"):
+    if on_cluster():
+        yield request.getfixturevalue("citus_cluster").url()
+    elif os.environ.get("DATABASE_URL"):
         yield os.environ["DATABASE_URL"]
     elif _docker_engine():
         from testcontainers.postgres import PostgresContainer
@@ -111,9 +144,15 @@ def _admin(pg_url: str) -> psycopg.Connection[Any]:
 
 
 @pytest.fixture(scope="session")
-def template_db(pg_url: str) -> Iterator[str]:
+def template_db(pg_url: str, request: pytest.FixtureRequest) -> Iterator[str]:
     """A database with every migration applied, cloned by each test."""
     name = f"ql_tpl_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    if on_cluster():
+        cluster: Cluster = request.getfixturevalue("citus_cluster")
+        migrate(cluster.create_database(name))
+        yield name
+        cluster.drop_database(name)
+        return
     with _admin(pg_url) as c:
         c.execute(f'CREATE DATABASE "{name}"')
     migrate(with_database(pg_url, name))
@@ -153,9 +192,14 @@ def app_server(pg_url: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def db_url(pg_url: str, template_db: str, app_server: str) -> Iterator[str]:
+def db_url(pg_url: str, template_db: str, app_server: str, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh, migrated database of this test's own (its URL through PgBouncer, if in use)."""
     name = f"ql_t_{uuid.uuid4().hex[:12]}"
+    if on_cluster():
+        cluster: Cluster = request.getfixturevalue("citus_cluster")
+        yield cluster.clone_database(template_db, name)
+        cluster.drop_database(name)
+        return
     with _admin(pg_url) as c:
         c.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
     yield with_database(app_server, name)

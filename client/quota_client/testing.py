@@ -161,6 +161,8 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
                 return self._take(account_id, _json_object(content))
             case "POST", ["v1", "takes", take_id, "release"] if take_id.isdigit():
                 return self._release(int(take_id))
+            case "POST", ["v1", "accounts", account_id, "takes", take_id, "release"] if take_id.isdigit():
+                return self._release(int(take_id), account_id=_account_id(account_id))
             case "GET", ["v1", "accounts", account_id, "usage"]:
                 return self._usage(account_id, params)
         raise _Refused(404, "not_found", f"no route {method} {path}")
@@ -234,9 +236,9 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
             self._keys[account_id, key] = take.take_id
         return 201, take.answer
 
-    def _release(self, take_id: int) -> Reply:
+    def _release(self, take_id: int, *, account_id: str | None = None) -> Reply:
         take = self._takes.get(take_id)
-        if take is None:
+        if take is None or (account_id is not None and take.account_id != account_id):
             raise _Refused(404, "unknown_take", f"unknown take {take_id}")
         if take.released:
             return 200, {"released": False, "reason": "already_released", "take_id": take_id}

@@ -98,6 +98,21 @@ def post_take(id: str) -> tuple[Response, int]:
     return jsonify(s.TAKE.dump(granted)), 200 if granted.replayed else 201
 
 
+@bp.post("/accounts/<id>/takes/<int:take_id>/release")
+@require(*PRODUCT)
+def post_account_release(id: str, take_id: int) -> Response:
+    """Give a take of this account back, once: the route that names the account, which a sharded
+    database routes to one shard (README "Scaling out").
+    ---
+    post:
+      responses:
+        200: {description: released, or why not, content: {application/json: {schema: ReleaseResponse}}}
+        404: Error
+        422: InvalidRequest
+    """
+    return _release(take_id, account_id(id))
+
+
 @bp.post("/takes/<int:take_id>/release")
 @require(*PRODUCT)
 def post_release(take_id: int) -> Response:
@@ -108,9 +123,13 @@ def post_release(take_id: int) -> Response:
         200: {description: released, or why not, content: {application/json: {schema: ReleaseResponse}}}
         404: Error
     """
+    return _release(take_id, None)
+
+
+def _release(take_id: int, account: str | None) -> Response:
     rt = runtime()
     with rt.connection() as conn:
-        result = takes.release(conn, take_id=take_id, actor=actor())
+        result = takes.release(conn, take_id=take_id, actor=actor(), account_id=account)
     RELEASES.labels("released" if result.released else str(result.reason)).inc()
     return jsonify((s.RELEASED if result.released else s.NOT_RELEASED).dump(result))
 

@@ -7,7 +7,7 @@ VALUES (%(account_id)s, %(kind)s, %(plan)s, %(stripe_customer_id)s)
 ON CONFLICT (id) DO UPDATE
    SET kind = EXCLUDED.kind,
        stripe_customer_id = coalesce(EXCLUDED.stripe_customer_id, accounts.stripe_customer_id),
-       updated_at = now()
+       updated_at = EXCLUDED.updated_at  -- its default, now(): Citus takes no now() in DO UPDATE
  WHERE NOT accounts.deleted
 RETURNING (xmax = 0) AS created
 

@@ -17,7 +17,7 @@ WITH prior AS (
                                   prior.used, 0, NULL, NULL, NULL, %(actor)s)
                  FROM (SELECT nextval('ledger_id_seq') AS id, clock_timestamp() AS at) AS e)
       FROM prior
-     WHERE q.account_id = prior.account_id AND q.metric = prior.metric
+     WHERE q.account_id = %(account_id)s AND q.account_id = prior.account_id AND q.metric = prior.metric
  RETURNING q.account_id, q.metric, prior.used AS previous, q.chain_id, q.chain_at, q.chain_prev, q.chain_hash
 )
 INSERT INTO ledger (id, at, account_id, metric, period, kind, units, used_after, actor, prev_hash, hash)

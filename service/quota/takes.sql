@@ -65,13 +65,15 @@ WITH prior AS (
                                   prior.used, 0, NULL, NULL, 'period-open:' || %(period)s, %(actor)s)
                  FROM (SELECT nextval('ledger_id_seq') AS id, clock_timestamp() AS at) AS e)
       FROM prior
-     WHERE q.account_id = prior.account_id AND q.metric = prior.metric AND prior.used > 0
+     WHERE q.account_id = %(account_id)s AND q.account_id = prior.account_id AND q.metric = prior.metric
+       AND prior.used > 0
  RETURNING q.account_id, q.metric, prior.used AS cleared, q.chain_id, q.chain_at, q.chain_prev, q.chain_hash
 ), emptied AS (
     UPDATE quotas q
        SET period = %(period)s
       FROM prior
-     WHERE q.account_id = prior.account_id AND q.metric = prior.metric AND prior.used = 0
+     WHERE q.account_id = %(account_id)s AND q.account_id = prior.account_id AND q.metric = prior.metric
+       AND prior.used = 0
 )
 INSERT INTO ledger (id, at, account_id, metric, period, kind, units, used_after, idempotency_key, actor,
                     prev_hash, hash)
@@ -83,17 +85,19 @@ SELECT chain_id, chain_at, account_id, metric, %(period)s, 'reset', cleared, 0, 
 -- name: release
 -- Gives a take's units back, once, in the take's own period only, never below zero. The counter row
 -- is locked first so `held.used` is current; a concurrent second release of the same take fails on
--- the unique index (one release per take), which aborts its whole statement.
+-- the unique index (one release per take), which aborts its whole statement. Named by account and
+-- take: every table is filtered on the account, so that Citus routes it to one shard (take_account
+-- finds the account of a take named alone).
 WITH taken AS (
     SELECT t.account_id, t.metric, t.period, t.units, t.id
       FROM ledger t
-     WHERE t.id = %(take_id)s AND t.kind = 'take' AND t.period = %(period)s
+     WHERE t.account_id = %(account_id)s AND t.id = %(take_id)s AND t.kind = 'take' AND t.period = %(period)s
        AND NOT EXISTS (SELECT 1 FROM ledger r
-                        WHERE r.account_id = t.account_id AND r.kind = 'release' AND r.take_id = t.id)
+                        WHERE r.account_id = %(account_id)s AND r.kind = 'release' AND r.take_id = t.id)
 ), held AS (
     SELECT q.account_id, q.metric, q.used, taken.units, taken.id AS take_id
       FROM quotas q JOIN taken ON q.account_id = taken.account_id AND q.metric = taken.metric
-     WHERE q.period = taken.period
+     WHERE q.account_id = %(account_id)s AND q.period = taken.period
        FOR UPDATE OF q
 ), given AS (
     -- greatest(..., 0) never changes what is written: `held` locked the newest row version, so there
@@ -110,7 +114,7 @@ WITH taken AS (
                                   NULL, held.take_id, NULL, %(actor)s)
                  FROM (SELECT nextval('ledger_id_seq') AS id, clock_timestamp() AS at) AS e)
       FROM held
-     WHERE q.account_id = held.account_id AND q.metric = held.metric
+     WHERE q.account_id = %(account_id)s AND q.account_id = held.account_id AND q.metric = held.metric
  RETURNING q.account_id, q.metric, q.period, q.used, q.lim, q.limit_source,
            least(held.units, held.used) AS units, held.take_id,
            q.chain_id, q.chain_at, q.chain_prev, q.chain_hash
@@ -130,6 +134,11 @@ SELECT true AS released, g.take_id, g.account_id, g.metric, g.units, g.used, g.l
 -- name: release_refusal
 SELECT t.account_id, t.period,
        EXISTS (SELECT 1 FROM ledger r
-                WHERE r.account_id = t.account_id AND r.kind = 'release' AND r.take_id = t.id) AS released
+                WHERE r.account_id = %(account_id)s AND r.kind = 'release' AND r.take_id = t.id) AS released
   FROM ledger t
- WHERE t.id = %(take_id)s AND t.kind = 'take'
+ WHERE t.account_id = %(account_id)s AND t.id = %(take_id)s AND t.kind = 'take'
+
+-- name: take_account
+-- The account of a take named by its id alone (the route without the account): on Citus, the one
+-- statement of a release that asks every shard, by the ledger_id index on each.
+SELECT account_id FROM ledger WHERE id = %(take_id)s AND kind = 'take'

@@ -3,6 +3,7 @@ fake promises product tests is what the service does."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 
 import pytest
@@ -94,6 +95,18 @@ def test_release_gives_back_once(quota, acc):
     again = quota.release(took.take_id)
     assert (again.released, again.reason) == (False, "already_released")
     assert quota.usage(acc, "urls").used == 0
+
+
+def test_a_take_result_is_released_through_its_own_account(quota, acc):
+    """A take result's release names its account (the route a sharded database sends to one
+    shard): the same take under another account's name is not found, and is not released."""
+    quota.ensure_account(acc)
+    quota.ensure_account(acc + "-other")
+    took = quota.take(acc, "urls", units=2)
+    with pytest.raises(UnknownTakeError):
+        quota.release(dataclasses.replace(took, account_id=acc + "-other"))
+    assert quota.usage(acc, "urls").used == 2
+    assert quota.release(took).released
 
 
 def test_release_refusals(quota, acc):

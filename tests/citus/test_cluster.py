@@ -1,0 +1,145 @@
+"""What only a Citus cluster shows: migration 0012 distributed the tables by account, every hot
+statement is routed to one shard, and the ledger stays append-only on the shards. Runs in the Citus
+run (QUOTA_TEST_CITUS=1, .ci/run); the suite's own tests marked `citus` cover the guarantees."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import psycopg
+import pytest
+
+from service.db import Q
+from service.quota import takes
+from tests.citus import on_cluster
+from tests.db.helpers import new_account
+
+pytestmark = pytest.mark.skipif(
+    not on_cluster(), reason="runs on the Citus cluster only (QUOTA_TEST_CITUS=1 pytest -m citus; .ci/run)"
+)
+
+ACCOUNT_TABLES = ("accounts", "quotas", "ledger", "audit_log")
+REFERENCE_TABLES = ("api_keys", "job_runs", "webhook_events", "subscriptions", "customer_links")
+# The per-account statements of a take, a release, an account read, an override, an admin reset and
+# a soft delete. Each must run on the one shard that holds the account.
+HOT = (
+    "take",
+    "take_refusal",
+    "take_by_key",
+    "roll_over",
+    "release",
+    "release_refusal",
+    "account_upsert",
+    "ensure_quotas",
+    "account_get",
+    "account_quotas",
+    "quota_for_update",
+    "set_override",
+    "audit",
+    "usage_open",
+    "usage_from_ledger",
+    "admin_reset",
+    "soft_delete_account",
+    "soft_delete_quotas",
+    "restore_account",
+    "restore_quotas",
+)
+PARAMS: dict[str, Any] = {
+    "account_id": "acc-1",
+    "metric": "urls",
+    "metrics": ["urls", "seats"],
+    "units": 1,
+    "period": "2026-01",
+    "idempotency_key": "k",
+    "actor": "t",
+    "take_id": 1,
+    "kind": "user",
+    "plan": "free",
+    "free_plan": "free",
+    "stripe_customer_id": None,
+    "lapsed": False,
+    "plan_limits": [10, 1],
+    "free_limits": [10, 1],
+    "override_set": True,
+    "override_limit": 5,
+    "action": "x",
+    "old": None,
+    "new": None,
+}
+
+
+def test_account_tables_are_distributed_and_colocated_and_the_rest_are_reference_tables(conn):
+    rows = dict(
+        conn.execute(
+            "SELECT logicalrelid::text, partmethod::text || ':' || colocationid FROM pg_dist_partition"
+        ).fetchall()
+    )
+    assert {rows[t][0] for t in ACCOUNT_TABLES} == {"h"}
+    assert len({rows[t] for t in ACCOUNT_TABLES}) == 1, rows  # one co-location group
+    assert {rows[t][0] for t in REFERENCE_TABLES} == {"n"}, rows
+
+
+# Statements whose data-modifying CTEs Citus plans as steps (README "Scaling out"): the counter's
+# UPDATE on its shard, its result back to the coordinator, the ledger INSERT on the same shard
+# group, all in one distributed transaction. One shard, but two round trips, not one router task.
+STEPPED = {"take", "roll_over", "release", "admin_reset", "ensure_quotas"}
+
+
+def _explain(conn: psycopg.Connection[Any], name: str) -> str:
+    with psycopg.ClientCursor(conn) as cur:
+        rows = cur.execute("EXPLAIN (COSTS OFF) " + getattr(Q, name), PARAMS).fetchall()
+    return "\n".join(r[0] for r in rows)
+
+
+@pytest.mark.parametrize("name", HOT)
+def test_hot_statement_touches_one_shard(conn, name):
+    plan = _explain(conn, name)
+    counts = re.findall(r"Task Count: (\d+)", plan)
+    assert counts and set(counts) == {"1"}, plan  # no step fans out over shards
+    # Every step that reads or writes a table does it on the account's shards, which are co-located:
+    # the same shard index (the one holding acc-1) in every shard name, on one node.
+    shards = set(re.findall(r" on (?:accounts|quotas|ledger|audit_log)_(\d+)", plan))
+    if shards:
+        groups = conn.execute(
+            "SELECT count(DISTINCT shardminvalue) FROM pg_dist_shard WHERE shardid = ANY(%s)",
+            ([int(s) for s in shards],),
+        ).fetchone()[0]
+        assert groups == 1, plan
+    if name not in STEPPED:
+        assert "Subplan" not in plan, plan  # one router task: one round trip to the shard
+
+
+@pytest.mark.parametrize("table", ["ledger", "audit_log"])
+@pytest.mark.parametrize("change", ["UPDATE {t} SET actor = 'x'", "DELETE FROM {t}", "TRUNCATE {t}"])
+def test_append_only_on_the_shards_even_for_a_superuser(conn, plans, table, change):
+    account = new_account(conn, plans)
+    takes.take(conn, plans, account_id=account, metric="urls", actor="t")
+    conn.execute("INSERT INTO audit_log (actor, action, account_id) VALUES ('t', 'x', %s)", (account,))
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match=f"^{table} is append-only"):
+        conn.execute(change.format(t=table))
+    assert conn.execute(f"SELECT count(*) FROM {table} WHERE actor <> 'x'").fetchone()[0] >= 1
+
+
+def test_the_login_role_takes_and_releases_on_the_cluster(conn, app_db_url, plans):
+    """Grants reach the shards: the service's login role (a member of quota_app) works there."""
+    account = new_account(conn, plans)
+    with psycopg.connect(app_db_url, autocommit=True) as app:
+        t = takes.take(app, plans, account_id=account, metric="urls", actor="t")
+        assert takes.release(app, take_id=t.take_id, actor="t", account_id=account).released
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            app.execute("UPDATE ledger SET actor = 'x'")
+
+
+def test_a_stale_ledger_id_is_refused_and_drawn_again(conn, plans):
+    """Citus draws a writer's ledger id before the row lock: an id older than the counter's head is
+    refused (quotas_chain_in_id_order), and `redrawn` runs the statement again with a new one."""
+    account = new_account(conn, plans)
+    takes.take(conn, plans, account_id=account, metric="urls", actor="t")
+    head = conn.execute(
+        "SELECT chain_id FROM quotas WHERE account_id = %s AND metric = 'urls'", (account,)
+    ).fetchone()[0]
+    with pytest.raises(psycopg.errors.SerializationFailure):
+        conn.execute(
+            "UPDATE quotas SET chain_id = %s WHERE account_id = %s AND metric = 'urls'", (head - 1, account)
+        )
