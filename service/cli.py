@@ -10,11 +10,14 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
 from service.config import Settings
+
+if TYPE_CHECKING:
+    from service.billing.plans import PlanConfig
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -291,19 +294,26 @@ def cmd_reset_month(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_sync_plans(args: argparse.Namespace) -> int:
-    """Plan sync, the same code as the Celery task; --dry-run prints the diff and writes nothing."""
+def _job_plans(command: str, settings: Settings) -> PlanConfig:
+    """The plan config for a job that writes by it; a broken file refuses the job before it starts
+    (exit 2), so that nothing is changed by half a config."""
     from service.billing.plans import load_plans
     from service.errors import PlanConfigError
+
+    try:
+        return load_plans(settings.plans_file)
+    except PlanConfigError as e:
+        print(f"quota-ledger {command}: refused, nothing changed: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def cmd_sync_plans(args: argparse.Namespace) -> int:
+    """Plan sync, the same code as the Celery task; --dry-run prints the diff and writes nothing."""
     from service.quota.plan_sync import LimitChange, sync_plans
 
     _log_to_stderr(args.verbose)
     settings = _settings()
-    try:
-        plans = load_plans(settings.plans_file)
-    except PlanConfigError as e:
-        print(f"quota-ledger sync-plans: refused, nothing changed: {e}", file=sys.stderr)
-        return 2
+    plans = _job_plans("sync-plans", settings)
 
     def show(change: LimitChange) -> None:
         print(change.describe(), flush=True)
@@ -394,16 +404,10 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 def cmd_expire_access(args: argparse.Namespace) -> int:
     """End the access that ended by time, the same code as the hourly Celery task."""
     from service.billing.expiry import end_expired
-    from service.billing.plans import load_plans
-    from service.errors import PlanConfigError
 
     _log_to_stderr(args.verbose)
     settings = _settings()
-    try:
-        plans = load_plans(settings.plans_file)
-    except PlanConfigError as e:
-        print(f"quota-ledger expire-access: refused, nothing changed: {e}", file=sys.stderr)
-        return 2
+    plans = _job_plans("expire-access", settings)
     with _connect(settings) as conn:
         print(end_expired(conn, plans).message)
     return 0
