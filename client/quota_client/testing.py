@@ -353,7 +353,22 @@ def _service(limits: Mapping[str, int | None] | None, service: InMemoryService |
     return InMemoryService(limits)
 
 
-class InMemoryQuota(QuotaClient):
+class _AdminActions:
+    """The service's admin actions on a fake's state, for the sync and the async fake alike."""
+
+    service: InMemoryService
+
+    def set_limit(self, account_id: str, metric: str, limit: int | None) -> None:
+        self.service.set_limit(account_id, metric, limit)
+
+    def clear_limit(self, account_id: str, metric: str) -> None:
+        self.service.clear_limit(account_id, metric)
+
+    def delete_account(self, account_id: str) -> None:
+        self.service.delete_account(account_id)
+
+
+class InMemoryQuota(_AdminActions, QuotaClient):
     """A QuotaClient over an `InMemoryService` (made from `limits`, or the `service` given, which
     lets a sync and an async fake share one state). Retries as the real client does, without the
     waits (`backoff` 0). Adds the service's admin actions: `set_limit`, `clear_limit`,
@@ -378,17 +393,8 @@ class InMemoryQuota(QuotaClient):
             transport=self.service,
         )
 
-    def set_limit(self, account_id: str, metric: str, limit: int | None) -> None:
-        self.service.set_limit(account_id, metric, limit)
 
-    def clear_limit(self, account_id: str, metric: str) -> None:
-        self.service.clear_limit(account_id, metric)
-
-    def delete_account(self, account_id: str) -> None:
-        self.service.delete_account(account_id)
-
-
-class AsyncInMemoryQuota(AsyncQuotaClient):
+class AsyncInMemoryQuota(_AdminActions, AsyncQuotaClient):
     """An AsyncQuotaClient over an `InMemoryService`; see `InMemoryQuota`."""
 
     def __init__(
@@ -409,12 +415,3 @@ class AsyncInMemoryQuota(AsyncQuotaClient):
             on_release_error=on_release_error,
             transport=self.service,
         )
-
-    def set_limit(self, account_id: str, metric: str, limit: int | None) -> None:
-        self.service.set_limit(account_id, metric, limit)
-
-    def clear_limit(self, account_id: str, metric: str) -> None:
-        self.service.clear_limit(account_id, metric)
-
-    def delete_account(self, account_id: str) -> None:
-        self.service.delete_account(account_id)
