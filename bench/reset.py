@@ -1,6 +1,6 @@
 """Monthly reset benchmark: 1,000,000 counters, wall time, and take latency during the reset.
 
-    bench/run reset [--counters 1000000] [--batch-size 500] [--duty 0.1] [--min-rate 1500]
+    bench/run reset [--counters 1000000] [--batch-size 250] [--duty 0.05] [--min-rate 1500]
                     [--take-procs 4] [--take-rate 1000] [--baseline-seconds 20] [--reps 3]
                     [--quiet-run]
 
