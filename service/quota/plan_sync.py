@@ -143,6 +143,10 @@ def _dry_group(conn: Connection, plans: PlanConfig, *, group_ids: list[str]) -> 
         ).fetchall()
         if not accounts:
             return 0, []
+        # The diff reads the group's counters by their accounts and joins them to the targets:
+        # as reset_group (service/quota/reset.py), not by a nested loop that walks the account
+        # list again for every target.
+        cur.execute("SET LOCAL enable_nestloop = off")
         with conn.cursor(row_factory=class_row(LimitChange)) as diff:
             changes = diff.execute(
                 Q.plan_sync_diff, {**_targets(plans, accounts), "group_ids": group_ids}
