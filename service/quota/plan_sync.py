@@ -199,12 +199,12 @@ def sync_plans(
 ) -> SyncOutcome:
     """Sync every live account's stored limits with `plans`, in batches of `batch_size` accounts,
     each batch's group of one shard (on one PostgreSQL: the batch) its own transaction under the
-    plan-sync advisory lock (busy: skip). `on_change` is
-    called for each change (made, or with `dry_run` that would be made). Load `plans` with
-    `load_plans` first: a broken config raises there and nothing is changed. Needs an autocommit
-    connection. New counter rows open in `period` (default: the current one). The caller reports
-    the changes and the outcome (the task logs them, the command prints them): said here too, a
-    command run with -v would show each twice."""
+    plan-sync advisory lock (busy: skip). `on_change` is called for each change (made, or with
+    `dry_run` that would be made). Load `plans` with `load_plans` first: a broken config raises
+    there and nothing is changed. Needs an autocommit connection. New counter rows open in
+    `period` (default: the current one). The caller reports the changes and the outcome (the task
+    logs them, the command prints them): said here too, a command run with -v would show each
+    twice."""
     started = time.monotonic()
     period = period or periods.current_period()
     after = ""
