@@ -22,18 +22,20 @@ SELECT status, started_at, finished_at, counters_reset, reset_rows, batches, run
  WHERE job = %(job)s AND period = %(period)s
 
 -- name: job_run_progress
+-- statement_timestamp(), not clock_timestamp(): job_runs is a reference table on Citus, which
+-- refuses a VOLATILE function in an UPDATE of a distributed table (it evaluates a STABLE one once).
 UPDATE job_runs
    SET batches = batches + 1,
        counters_reset = counters_reset + %(counters)s,
        reset_rows = reset_rows + %(reset_rows)s,
        cursor_period = %(cursor_period)s, cursor_account = %(cursor_account)s,
        cursor_metric = %(cursor_metric)s,
-       runner = %(runner)s, updated_at = clock_timestamp()
+       runner = %(runner)s, updated_at = statement_timestamp()
  WHERE job = %(job)s AND period = %(period)s
 
 -- name: job_run_done
 UPDATE job_runs
-   SET status = 'done', finished_at = clock_timestamp(), updated_at = clock_timestamp(),
+   SET status = 'done', finished_at = statement_timestamp(), updated_at = statement_timestamp(),
        runner = %(runner)s
  WHERE job = %(job)s AND period = %(period)s
 RETURNING counters_reset, reset_rows, batches, started_at, finished_at
@@ -100,9 +102,12 @@ WITH batch AS (
      WHERE used > 0
 ), opened AS (
     UPDATE quotas q
-       SET used = 0, period = %(period)s, chain_prev = q.chain_hash, chain_id = d.id, chain_at = d.at,
-           chain_hash = ledger_hash(q.chain_hash, d.id, d.at, q.account_id, q.metric, %(period)s, 'reset',
-                                    d.used, 0, NULL, NULL, 'period-open:' || %(period)s, %(actor)s)
+       SET used = 0, period = %(period)s,
+           -- a sub-SELECT: Citus refuses a STABLE function of the row's columns directly in SET
+           (chain_prev, chain_id, chain_at, chain_hash) = (
+               SELECT q.chain_hash, d.id, d.at,
+                      ledger_hash(q.chain_hash, d.id, d.at, q.account_id, q.metric, %(period)s, 'reset',
+                                  d.used, 0, NULL, NULL, 'period-open:' || %(period)s, %(actor)s))
       FROM drawn d
      WHERE q.account_id = ANY(%(account_ids)s::text[])
        AND q.account_id = d.account_id AND q.metric = d.metric

@@ -92,10 +92,8 @@ def test_two_runners_and_takes_reset_each_counter_once(conn: Any, db_url: str, p
     verified = chain.verify(conn)
     assert verified.ok, verified.findings
     # Each reset row has its own ledger id, drawn from the coordinator's sequence.
-    ids = conn.execute(
-        "SELECT count(*), count(DISTINCT id), max(id) <= (SELECT last_value FROM ledger_id_seq) FROM ledger"
-    ).fetchone()
-    assert ids[0] == ids[1] and ids[2] is True
+    n, distinct, newest = conn.execute("SELECT count(*), count(DISTINCT id), max(id) FROM ledger").fetchone()
+    assert n == distinct and newest <= conn.execute("SELECT last_value FROM ledger_id_seq").fetchone()[0]
 
 
 def test_plan_sync_dry_run_reads_every_shard(conn: Any, plans: Any) -> None:
