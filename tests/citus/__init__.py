@@ -56,6 +56,9 @@ CLUSTER_GAPS: dict[str, str] = {
         "reach quotas_follow_targets, which locks counters by a join with its targets, not by their "
         "accounts: Citus refuses FOR UPDATE across shards"
     ),
+    "tests/citus/test_jobs.py::test_plan_sync_applies_by_shard": (
+        "plan sync's apply step reaches quotas_follow_targets: see tests/workers/test_plan_sync.py"
+    ),
     "tests/workers/test_reset.py::test_reset_task_through_redis_worker": (
         "the worker also runs the plan sync, whose apply step reaches quotas_follow_targets: "
         "see tests/workers/test_plan_sync.py"

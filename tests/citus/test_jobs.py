@@ -111,3 +111,27 @@ def test_plan_sync_dry_run_reads_every_shard(conn: Any, plans: Any) -> None:
     assert outcome.status == "done" and outcome.accounts == len({a for a, _ in accounts})
     assert {(c.account_id, c.metric) for c in seen} == set(accounts)
     assert conn.execute("SELECT * FROM quotas ORDER BY account_id, metric").fetchall() == before
+
+
+def test_plan_sync_applies_by_shard(conn: Any, plans: Any) -> None:
+    """The sync's own statements lock one shard's accounts per batch; its apply step changes limits
+    through quotas_follow_targets, with an audit row each, overrides left alone."""
+    accounts = seed(conn, plans, accounts=12)
+    conn.execute("UPDATE quotas SET override_set = true, override_limit = 7 WHERE account_id = 'acc0001'")
+    richer = parse_plans(
+        {
+            "free_plan": "free",
+            "plans": {"free": {"limits": {m: 999 for m in plans.metrics}}},
+        }
+    )
+    outcome = sync_plans(conn, richer, batch_size=5)
+    assert outcome.status == "done" and outcome.changes == len(accounts)
+    assert conn.execute("SELECT count(*) FROM quotas WHERE plan_limit = 999 AND free_limit = 999").fetchone()[
+        0
+    ] == len(accounts)
+    assert conn.execute(
+        "SELECT override_limit FROM quotas WHERE account_id = 'acc0001' AND override_set"
+    ).fetchall() == [(7,)] * len(plans.metrics)
+    audited = conn.execute("SELECT count(*) FROM audit_log WHERE action = 'plan_limit_changed'")
+    assert audited.fetchone()[0] >= len(accounts)
+    assert sync_plans(conn, richer).changes == 0
