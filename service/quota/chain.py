@@ -154,6 +154,10 @@ def verify(
     params = {"account_id": account_id, "since": since}
     with transaction(conn):
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        # On Citus, one connection per node for the whole transaction, hence one snapshot per node
+        # (a second connection would take its own): a counter's rows and head are on one node.
+        # One PostgreSQL only stores the setting.
+        conn.execute("SET LOCAL citus.max_adaptive_executor_pool_size = 1")
         with conn.cursor(name="chain_walk", row_factory=namedtuple_row) as cur:
             cur.itersize = 5000
             cur.execute(Q.chain_walk_since if since > 0 else Q.chain_walk, params)

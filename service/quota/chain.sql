@@ -12,17 +12,19 @@ SELECT id, at, account_id, metric, period, kind, units, used_after, lim, take_id
 
 -- name: chain_walk_since
 -- The rows from id `since` on, plus, as an anchor that is not itself checked, each counter's
--- newest row before `since`: the first checked row of a counter links to its hash.
-WITH checked AS (
-    SELECT id, at, account_id, metric, period, kind, units, used_after, lim, take_id, idempotency_key,
-           actor, prev_hash, hash, false AS anchor
-      FROM ledger
-     WHERE id >= %(since)s AND (%(account_id)s::text IS NULL OR account_id = %(account_id)s)
-)
-SELECT * FROM checked
+-- newest row before `since`: the first checked row of a counter links to its hash. Each branch
+-- reads the ledger itself (no CTE shared between them) and the anchor's subquery is correlated on
+-- the account, so Citus pushes the whole walk down to the shards, where each counter's rows live.
+SELECT id, at, account_id, metric, period, kind, units, used_after, lim, take_id, idempotency_key,
+       actor, prev_hash, hash, false AS anchor
+  FROM ledger
+ WHERE id >= %(since)s AND (%(account_id)s::text IS NULL OR account_id = %(account_id)s)
 UNION ALL
-SELECT a.*, true
-  FROM (SELECT DISTINCT account_id, metric FROM checked) AS c
+SELECT a.id, a.at, a.account_id, a.metric, a.period, a.kind, a.units, a.used_after, a.lim, a.take_id,
+       a.idempotency_key, a.actor, a.prev_hash, a.hash, true AS anchor
+  FROM (SELECT DISTINCT account_id, metric
+          FROM ledger
+         WHERE id >= %(since)s AND (%(account_id)s::text IS NULL OR account_id = %(account_id)s)) AS c
  CROSS JOIN LATERAL (
         SELECT id, at, account_id, metric, period, kind, units, used_after, lim, take_id, idempotency_key,
                actor, prev_hash, hash

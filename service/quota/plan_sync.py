@@ -8,12 +8,18 @@ Running it twice changes nothing the second time. A counter row an account lacks
 to the config) is created. Soft-deleted accounts are skipped. Usage and the ledger are not touched.
 
 The dry run reads the same diff and writes nothing (its transactions are READ ONLY).
+
+Batches of one shard: each batch of accounts is read without locks and grouped by the shard that
+holds them (`plan_sync_pick`, `account_shard` in migrations/0014), and each group is synced in its
+own transaction whose statements name its accounts, so that on Citus it locks rows on one shard
+only. On one PostgreSQL a batch is one group, as before.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +39,7 @@ ACTOR = "system:plan_sync"
 PLAN_SYNC_LOCK_KEY = 0x716C_706C_7379_6E63
 DEFAULT_BATCH_SIZE = 1000
 _RETRIES = 5
+_RETRIED = (psycopg.errors.DeadlockDetected, psycopg.errors.LockNotAvailable)
 
 
 def _show(limit: Limit) -> str:
@@ -121,33 +128,43 @@ def _targets(plans: PlanConfig, accounts: list[dict[str, Any]]) -> dict[str, lis
     return cols
 
 
-def _dry_batch(
-    conn: Connection, plans: PlanConfig, *, after: str, batch_size: int
-) -> tuple[int, str, list[LimitChange]]:
+def _pick(conn: Connection, *, after: str, batch_size: int) -> tuple[list[list[str]], str]:
+    """The next batch of live accounts after `after`, grouped by shard, and the batch's last id."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(Q.plan_sync_pick, {"after": after, "batch_size": batch_size}).fetchall()
+    return [row["group_ids"] for row in rows], (rows[-1]["end_id"] if rows else after)
+
+
+def _dry_group(conn: Connection, plans: PlanConfig, *, group_ids: list[str]) -> tuple[int, list[LimitChange]]:
     with transaction(conn), conn.cursor(row_factory=dict_row) as cur:
         cur.execute("SET TRANSACTION READ ONLY")
         accounts = cur.execute(
-            Q.plan_sync_accounts, {"after": after, "batch_size": batch_size, "free_plan": plans.free_plan}
+            Q.plan_sync_accounts, {"group_ids": group_ids, "free_plan": plans.free_plan}
         ).fetchall()
         if not accounts:
-            return 0, after, []
+            return 0, []
+        # The diff reads the group's counters by their accounts and joins them to the targets:
+        # as reset_group (service/quota/reset.py), not by a nested loop that walks the account
+        # list again for every target.
+        cur.execute("SET LOCAL enable_nestloop = off")
         with conn.cursor(row_factory=class_row(LimitChange)) as diff:
-            changes = diff.execute(Q.plan_sync_diff, _targets(plans, accounts)).fetchall()
-    return len(accounts), accounts[-1]["id"], changes
+            changes = diff.execute(
+                Q.plan_sync_diff, {**_targets(plans, accounts), "group_ids": group_ids}
+            ).fetchall()
+    return len(accounts), changes
 
 
-def _apply_batch(
-    conn: Connection, plans: PlanConfig, *, after: str, batch_size: int, actor: str, period: str
-) -> tuple[int, str, list[LimitChange]] | None:
+def _apply_group(
+    conn: Connection, plans: PlanConfig, *, group_ids: list[str], actor: str, period: str
+) -> tuple[int, list[LimitChange]] | None:
     with transaction(conn), conn.cursor(row_factory=dict_row) as cur:
         if not try_advisory_xact_lock(conn, PLAN_SYNC_LOCK_KEY):
             return None
         accounts = cur.execute(
-            Q.plan_sync_lock_accounts,
-            {"after": after, "batch_size": batch_size, "free_plan": plans.free_plan},
+            Q.plan_sync_lock_accounts, {"group_ids": group_ids, "free_plan": plans.free_plan}
         ).fetchall()
         if not accounts:
-            return 0, after, []
+            return 0, []
         targets = _targets(plans, accounts)
         created = [
             LimitChange(
@@ -167,11 +184,7 @@ def _apply_batch(
         ]
         with conn.cursor(row_factory=class_row(LimitChange)) as apply:
             changed = apply.execute(Q.plan_sync_apply, {**targets, "actor": actor}).fetchall()
-    return (
-        len(accounts),
-        accounts[-1]["id"],
-        sorted(created + changed, key=lambda c: (c.account_id, c.metric)),
-    )
+    return len(accounts), sorted(created + changed, key=lambda c: (c.account_id, c.metric))
 
 
 def sync_plans(
@@ -185,27 +198,30 @@ def sync_plans(
     period: str | None = None,
 ) -> SyncOutcome:
     """Sync every live account's stored limits with `plans`, in batches of `batch_size` accounts,
-    each batch its own transaction under the plan-sync advisory lock (busy: skip). `on_change` is
-    called for each change (made, or with `dry_run` that would be made). Load `plans` with
-    `load_plans` first: a broken config raises there and nothing is changed. Needs an autocommit
-    connection. New counter rows open in `period` (default: the current one). The caller reports
-    the changes and the outcome (the task logs them, the command prints them): said here too, a
-    command run with -v would show each twice."""
+    each batch's group of one shard (on one PostgreSQL: the batch) its own transaction under the
+    plan-sync advisory lock (busy: skip). `on_change` is called for each change (made, or with
+    `dry_run` that would be made). Load `plans` with `load_plans` first: a broken config raises
+    there and nothing is changed. Needs an autocommit connection. New counter rows open in
+    `period` (default: the current one). The caller reports the changes and the outcome (the task
+    logs them, the command prints them): said here too, a command run with -v would show each
+    twice."""
     started = time.monotonic()
     period = period or periods.current_period()
     after = ""
+    groups: deque[list[str]] = deque()  # the current batch's groups not yet synced
     accounts = changes = created = overrides = retries = 0
     while True:
+        if not groups:
+            picked, after = _pick(conn, after=after, batch_size=batch_size)
+            if not picked:
+                break
+            groups.extend(picked)
         try:
             if dry_run:
-                step: tuple[int, str, list[LimitChange]] | None = _dry_batch(
-                    conn, plans, after=after, batch_size=batch_size
-                )
+                step: tuple[int, list[LimitChange]] | None = _dry_group(conn, plans, group_ids=groups[0])
             else:
-                step = _apply_batch(
-                    conn, plans, after=after, batch_size=batch_size, actor=actor, period=period
-                )
-        except (psycopg.errors.DeadlockDetected, psycopg.errors.LockNotAvailable) as e:
+                step = _apply_group(conn, plans, group_ids=groups[0], actor=actor, period=period)
+        except _RETRIED as e:
             retries += 1
             if retries > _RETRIES:
                 raise
@@ -213,9 +229,8 @@ def sync_plans(
             continue
         if step is None:
             return SyncOutcome(status="lock_busy", dry_run=dry_run, duration_s=time.monotonic() - started)
-        n, after, batch_changes = step
-        if n == 0:
-            break
+        groups.popleft()
+        n, batch_changes = step
         accounts += n
         for change in batch_changes:
             if change.created:

@@ -22,53 +22,102 @@ SELECT status, started_at, finished_at, counters_reset, reset_rows, batches, run
  WHERE job = %(job)s AND period = %(period)s
 
 -- name: job_run_progress
+-- statement_timestamp(), not clock_timestamp(): job_runs is a reference table on Citus, which
+-- refuses a VOLATILE function in an UPDATE of a distributed table (it evaluates a STABLE one once).
 UPDATE job_runs
    SET batches = batches + 1,
        counters_reset = counters_reset + %(counters)s,
        reset_rows = reset_rows + %(reset_rows)s,
        cursor_period = %(cursor_period)s, cursor_account = %(cursor_account)s,
        cursor_metric = %(cursor_metric)s,
-       runner = %(runner)s, updated_at = clock_timestamp()
+       runner = %(runner)s, updated_at = statement_timestamp()
  WHERE job = %(job)s AND period = %(period)s
 
 -- name: job_run_done
 UPDATE job_runs
-   SET status = 'done', finished_at = clock_timestamp(), updated_at = clock_timestamp(),
+   SET status = 'done', finished_at = statement_timestamp(), updated_at = statement_timestamp(),
        runner = %(runner)s
  WHERE job = %(job)s AND period = %(period)s
 RETURNING counters_reset, reset_rows, batches, started_at, finished_at
 
--- name: reset_batch
--- Opens `period` for the next batch of counters still in an earlier one, in index order after the
--- cursor: the same statement as the lazy `roll_over`, over many rows. FOR UPDATE reads each row's
--- latest version; a counter that a take rolled over meanwhile no longer matches `period < P` on the
--- re-check and drops out, so usage taken in the new period is never zeroed and no counter is opened
--- twice (the unique period-open index would refuse it anyway). A counter that held nothing gets
--- its period advanced without a ledger row. Soft-deleted accounts are left alone.
-WITH batch AS (
-    SELECT account_id, metric, period, used
+-- name: reset_pick
+-- The next counters still in an earlier period, in index order after the run's cursor: up to
+-- `pick_size`, read without locks, and grouped into batches of at most `batch_size` counters of
+-- one shard each (account_shard, migrations/0014: on one PostgreSQL every account is in shard 0,
+-- so the groups are simply consecutive batches). Each group is then reset in its own transaction by
+-- `reset_group`, which locks rows on that one shard only. Per group: its accounts, its first and
+-- last counter in index order; `end_*`: the last counter picked, the run's cursor once every group
+-- is reset. Reading several batches at once keeps this read off most batches' transactions.
+WITH picked AS (
+    SELECT period, account_id, metric
       FROM quotas
      WHERE period < %(period)s AND NOT account_deleted
        AND (period, account_id, metric) > (%(cursor_period)s, %(cursor_account)s, %(cursor_metric)s)
      ORDER BY period, account_id, metric
-     LIMIT %(batch_size)s
+     LIMIT %(pick_size)s
+), placed AS (
+    SELECT account_id, ARRAY[period::text, account_id, metric] AS key, shard,
+           (row_number() OVER (PARTITION BY shard ORDER BY period, account_id, metric) - 1)
+               / %(batch_size)s AS chunk
+      FROM (SELECT period, account_id, metric, account_shard(account_id) AS shard FROM picked) AS p
+), groups AS (
+    SELECT shard, chunk, array_agg(DISTINCT account_id) AS account_ids,
+           min(key) AS first_key, max(key) AS last_key
+      FROM placed
+     GROUP BY shard, chunk
+), picked_end AS (
+    SELECT max(ARRAY[period::text, account_id, metric]) AS key FROM picked
+)
+SELECT g.account_ids,
+       g.first_key[1] AS first_period, g.first_key[2] AS first_account, g.first_key[3] AS first_metric,
+       g.last_key[1] AS last_period, g.last_key[2] AS last_account, g.last_key[3] AS last_metric,
+       e.key[1] AS end_period, e.key[2] AS end_account, e.key[3] AS end_metric
+  FROM groups g CROSS JOIN picked_end e
+ ORDER BY g.first_key
+
+-- name: reset_group
+-- Opens `period` for one group of `reset_pick`: the counters of these accounts (all on one shard)
+-- from the group's first to its last counter in index order that are still in an earlier period.
+-- The same steps as the lazy `roll_over`, over many rows. FOR UPDATE reads each row's latest
+-- version; a counter that a take rolled over meanwhile no longer matches `period < P` on the
+-- re-check and drops out, so usage taken in the new period is never zeroed and no counter is opened
+-- twice (the unique period-open index would refuse it anyway). Rows are locked in key order, as
+-- quotas_follow_targets locks them, so the two never deadlock. Ledger ids are drawn after the row
+-- locks, one per row (`drawn`; on Citus that step runs on the coordinator, which holds the
+-- sequence), so chain order is id order. A counter that held nothing gets its period advanced
+-- without a ledger row. Soft-deleted accounts are left alone. Every step names the accounts, so
+-- Citus routes each to the group's shard (tests/citus/test_cluster.py).
+WITH batch AS (
+    SELECT account_id, metric, used
+      FROM quotas
+     WHERE account_id = ANY(%(account_ids)s::text[])
+       AND (period, account_id, metric) >= (%(first_period)s, %(first_account)s, %(first_metric)s)
+       AND (period, account_id, metric) <= (%(last_period)s, %(last_account)s, %(last_metric)s)
+       AND period < %(period)s AND NOT account_deleted
+     ORDER BY account_id, metric
        FOR UPDATE
+), drawn AS (
+    SELECT account_id, metric, used, nextval('ledger_id_seq') AS id, clock_timestamp() AS at
+      FROM batch
+     WHERE used > 0
 ), opened AS (
     UPDATE quotas q
        SET used = 0, period = %(period)s,
+           -- a sub-SELECT: Citus refuses a STABLE function of the row's columns directly in SET
            (chain_prev, chain_id, chain_at, chain_hash) = (
-               SELECT q.chain_hash, e.id, e.at,
-                      ledger_hash(q.chain_hash, e.id, e.at, q.account_id, q.metric, %(period)s, 'reset',
-                                  batch.used, 0, NULL, NULL, 'period-open:' || %(period)s, %(actor)s)
-                 FROM (SELECT nextval('ledger_id_seq') AS id, clock_timestamp() AS at) AS e)
-      FROM batch
-     WHERE q.account_id = batch.account_id AND q.metric = batch.metric AND batch.used > 0
- RETURNING q.account_id, q.metric, batch.used AS cleared, q.chain_id, q.chain_at, q.chain_prev, q.chain_hash
+               SELECT q.chain_hash, d.id, d.at,
+                      ledger_hash(q.chain_hash, d.id, d.at, q.account_id, q.metric, %(period)s, 'reset',
+                                  d.used, 0, NULL, NULL, 'period-open:' || %(period)s, %(actor)s))
+      FROM drawn d
+     WHERE q.account_id = ANY(%(account_ids)s::text[])
+       AND q.account_id = d.account_id AND q.metric = d.metric
+ RETURNING q.account_id, q.metric, d.used AS cleared, q.chain_id, q.chain_at, q.chain_prev, q.chain_hash
 ), emptied AS (  -- held nothing: the period moves on, no ledger row, the chain stays where it is
     UPDATE quotas q
        SET period = %(period)s
-      FROM batch
-     WHERE q.account_id = batch.account_id AND q.metric = batch.metric AND batch.used = 0
+      FROM batch b
+     WHERE q.account_id = ANY(%(account_ids)s::text[])
+       AND q.account_id = b.account_id AND q.metric = b.metric AND b.used = 0
  RETURNING 1
 ), entries AS (
     INSERT INTO ledger (id, at, account_id, metric, period, kind, units, used_after, idempotency_key, actor,
@@ -80,13 +129,7 @@ WITH batch AS (
  RETURNING 1
 )
 SELECT (SELECT count(*) FROM opened) + (SELECT count(*) FROM emptied) AS counters,
-       (SELECT count(*) FROM entries) AS reset_rows,
-       last.period AS cursor_period, last.account_id AS cursor_account, last.metric AS cursor_metric
-  FROM (SELECT 1) AS one
-  LEFT JOIN LATERAL (
-        SELECT period, account_id, metric FROM batch
-         ORDER BY period DESC, account_id DESC, metric DESC
-         LIMIT 1) AS last ON true
+       (SELECT count(*) FROM entries) AS reset_rows
 
 -- name: analyze_after_bulk_write
 SELECT analyze_after_bulk_write()

@@ -45,34 +45,27 @@ _PLAN_LIMITS = (
     "(migrations/repeatable/billing_rules.sql), which locks counters by a join with its targets, "
     "not by one account: Citus refuses FOR UPDATE across shards"
 )
-_TAMPER = (
-    "the test tampers with SET session_replication_role = replica, which Citus does not pass on to "
-    "the shards, so the append-only triggers refuse the tampering itself"
-)
 CLUSTER_GAPS: dict[str, str] = {
     "tests/webhooks/test_ordering.py": (
         "a delivery resolves its account by provider ids (subscriptions, customer links, "
         "accounts.stripe_customer_id) in the statement that changes the account, and then " + _PLAN_LIMITS
     ),
     "tests/webhooks/test_replay.py": "as tests/webhooks/test_ordering.py",
-    "tests/workers/test_reset.py": (
-        "reset_batch locks the next batch of counters across every shard (FOR UPDATE with ORDER BY and "
-        "LIMIT), which Citus refuses: batches must become per shard, or per account"
-    ),
     "tests/workers/test_plan_sync.py": (
-        "plan_sync_lock_accounts and quotas_follow_targets lock rows across shards, which Citus refuses"
+        "the sync's batches lock one shard each, but its apply step and apply_plan (the tests' set-up) "
+        "reach quotas_follow_targets, which locks counters by a join with its targets, not by their "
+        "accounts: Citus refuses FOR UPDATE across shards"
+    ),
+    "tests/citus/test_jobs.py::test_plan_sync_applies_by_shard": (
+        "plan sync's apply step reaches quotas_follow_targets: see tests/workers/test_plan_sync.py"
+    ),
+    "tests/workers/test_reset.py::test_reset_task_through_redis_worker": (
+        "the worker also runs the plan sync, whose apply step reaches quotas_follow_targets: "
+        "see tests/workers/test_plan_sync.py"
     ),
     "tests/db/test_append_only.py::test_application_role_lacks_the_privilege": _SET_ROLE,
     "tests/db/test_append_only.py::test_application_role_can_read_and_append": _SET_ROLE,
     "tests/db/test_chain.py::test_every_writer_chains_as_the_application_role": _SET_ROLE,
-    "tests/db/test_chain.py::test_monthly_reset_batches_chain": "the monthly reset: see its module",
-    "tests/db/test_chain.py::test_a_changed_field_is_named": _TAMPER,
-    "tests/db/test_chain.py::test_a_removed_row_breaks_the_next_link_and_a_removed_last_row_the_head": (
-        _TAMPER
-    ),
-    "tests/db/test_chain.py::test_verify_one_account_and_since": (
-        "chain_walk_since's LATERAL subquery with LIMIT over a CTE cannot be pushed down by Citus"
-    ),
     "tests/http/test_accounts.py::test_customer_linked_to_another_account_is_409": (
         "UNIQUE (stripe_customer_id) cannot stay on a table distributed by account (0012): the product "
         "link is not checked across accounts on the cluster"

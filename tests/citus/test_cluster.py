@@ -9,9 +9,10 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
 
 from service.db import Q
-from service.quota import takes
+from service.quota import reset, takes
 from tests.citus import on_cluster
 from tests.db.helpers import new_account
 
@@ -86,19 +87,17 @@ def test_account_tables_are_distributed_and_colocated_and_the_rest_are_reference
 STEPPED = {"take", "roll_over", "release", "admin_reset", "ensure_quotas"}
 
 
-def _explain(conn: psycopg.Connection[Any], name: str) -> str:
+def _explain(conn: psycopg.Connection[Any], name: str, params: dict[str, Any] = PARAMS) -> str:
     with psycopg.ClientCursor(conn) as cur:
-        rows = cur.execute("EXPLAIN (COSTS OFF) " + getattr(Q, name), PARAMS).fetchall()
+        rows = cur.execute("EXPLAIN (COSTS OFF) " + getattr(Q, name), params).fetchall()
     return "\n".join(r[0] for r in rows)
 
 
-@pytest.mark.parametrize("name", HOT)
-def test_hot_statement_touches_one_shard(conn, name):
-    plan = _explain(conn, name)
+def _assert_one_shard(conn: psycopg.Connection[Any], plan: str) -> None:
     counts = re.findall(r"Task Count: (\d+)", plan)
     assert counts and set(counts) == {"1"}, plan  # no step fans out over shards
     # Every step that reads or writes a table does it on the account's shards, which are co-located:
-    # the same shard index (the one holding acc-1) in every shard name, on one node.
+    # the same shard index (the one holding the account) in every shard name, on one node.
     shards = set(re.findall(r" on (?:accounts|quotas|ledger|audit_log)_(\d+)", plan))
     if shards:
         groups = conn.execute(
@@ -106,6 +105,12 @@ def test_hot_statement_touches_one_shard(conn, name):
             ([int(s) for s in shards],),
         ).fetchone()[0]
         assert groups == 1, plan
+
+
+@pytest.mark.parametrize("name", HOT)
+def test_hot_statement_touches_one_shard(conn, name):
+    plan = _explain(conn, name)
+    _assert_one_shard(conn, plan)
     if name not in STEPPED:
         assert "Subplan" not in plan, plan  # one router task: one round trip to the shard
 
@@ -143,3 +148,86 @@ def test_a_stale_ledger_id_is_refused_and_drawn_again(conn, plans):
         conn.execute(
             "UPDATE quotas SET chain_id = %s WHERE account_id = %s AND metric = 'urls'", (head - 1, account)
         )
+
+
+# --- cross-account jobs: batches of one shard --------------------------------------------------------
+
+EARLIER = "2001-01"
+
+
+def _spread_accounts(conn: psycopg.Connection[Any], plans: Any, n: int = 16) -> list[str]:
+    """`n` accounts, which the hash spreads over the shards, their counters (with usage) in an
+    earlier month."""
+    accounts = [new_account(conn, plans) for _ in range(n)]
+    for account in accounts:
+        takes.take(conn, plans, account_id=account, metric="urls", actor="t")
+    conn.execute("UPDATE quotas SET period = %s", (EARLIER,))
+    return accounts
+
+
+def _shards(conn: psycopg.Connection[Any], accounts: list[str]) -> set[int]:
+    return {r[0] for r in conn.execute("SELECT account_shard(a) FROM unnest(%s::text[]) a", (accounts,))}
+
+
+def _reset_groups(conn: psycopg.Connection[Any], period: str) -> list[dict[str, Any]]:
+    params = {"period": period, "batch_size": 3, "pick_size": 1000, **reset._START}
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(Q.reset_pick, params).fetchall()
+
+
+def _statement(name: str) -> str:
+    """A named query without its comments."""
+    return "\n".join(line for line in getattr(Q, name).splitlines() if not line.lstrip().startswith("--"))
+
+
+def test_the_reset_picks_batches_of_one_shard(conn, plans):
+    accounts = _spread_accounts(conn, plans)
+    groups = _reset_groups(conn, "2026-01")
+    assert all(len(_shards(conn, g["account_ids"])) == 1 for g in groups), groups
+    assert len(_shards(conn, accounts)) > 1  # the accounts span shards, so the batches do too
+    assert {a for g in groups for a in g["account_ids"]} == set(accounts)
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("reset_pick", {"period": "2026-01", "batch_size": 3, "pick_size": 24, **reset._START}),
+        ("reset_pending", {"period": "2026-01"}),
+        ("plan_sync_pick", {"after": "", "batch_size": 10}),
+    ],
+)
+def test_the_reads_that_pick_batches_lock_nothing(conn, name, params):
+    """They read every shard, so they must not lock: the locks are taken by the batch statements."""
+    assert not re.search(r"FOR\s+(UPDATE|SHARE|NO KEY|KEY)", _statement(name)), name
+    assert "LockRows" not in _explain(conn, name, params)
+
+
+def test_each_reset_batch_locks_and_changes_one_shard(conn, plans):
+    """The statement that locks counters, moves them to the new month and writes their reset rows,
+    as the reset runs it for each batch reset_pick made: every step on the batch's one shard."""
+    _spread_accounts(conn, plans)
+    groups = _reset_groups(conn, "2026-01")
+    assert len(groups) > 1
+    assert "FOR UPDATE" in _statement("reset_group")
+    for group in groups:
+        _assert_one_shard(conn, _explain(conn, "reset_group", {**group, "period": "2026-01", "actor": "t"}))
+
+
+def test_each_plan_sync_batch_locks_one_shard(conn, plans):
+    accounts = [new_account(conn, plans) for _ in range(16)]
+    with conn.cursor(row_factory=dict_row) as cur:
+        groups = cur.execute(Q.plan_sync_pick, {"after": "", "batch_size": 100}).fetchall()
+    assert len(groups) > 1 and {a for g in groups for a in g["group_ids"]} == set(accounts)
+    for group in groups:
+        assert len(_shards(conn, group["group_ids"])) == 1
+        params = {"group_ids": group["group_ids"], "free_plan": "free"}
+        _assert_one_shard(conn, _explain(conn, "plan_sync_lock_accounts", params))
+        ids = group["group_ids"]
+        targets = {
+            "account_ids": ids,
+            "metrics": ["urls"] * len(ids),
+            "plan_limits": [1] * len(ids),
+            "free_limits": [1] * len(ids),
+            "lapsed": [False] * len(ids),
+        }
+        _assert_one_shard(conn, _explain(conn, "plan_sync_diff", {**targets, "group_ids": ids}))

@@ -50,12 +50,13 @@ def assert_chained(conn: Any, account_id: str, metric: str = METRIC) -> list[Any
 
 
 def tamper(conn: Any, sql: str, *params: object) -> None:
-    """Change the ledger as a superuser would, with the append-only triggers bypassed."""
-    conn.execute("SET session_replication_role = replica")
-    try:
+    """Change the ledger as a superuser would, with the append-only triggers bypassed. On Citus the
+    triggers run on the shards, so the setting goes with this transaction's connections to the
+    workers (citus.propagate_set_commands; on one PostgreSQL that setting is only stored)."""
+    with conn.transaction():
+        conn.execute("SET LOCAL citus.propagate_set_commands = 'local'")
+        conn.execute("SET LOCAL session_replication_role = replica")
         conn.execute(sql, params)
-    finally:
-        conn.execute("RESET session_replication_role")
 
 
 # --- the form --------------------------------------------------------------------------------------
