@@ -11,6 +11,25 @@ ON CONFLICT (id) DO UPDATE
  WHERE NOT accounts.deleted
 RETURNING (xmax = 0) AS created
 
+-- name: account_customer_for_update
+-- The Stripe customer the account names now, read under the account's row lock, before an upsert
+-- that names one: the upsert's transaction then moves the customer's claim (stripe_customers).
+SELECT stripe_customer_id FROM accounts WHERE id = %(account_id)s FOR NO KEY UPDATE
+
+-- name: stripe_customer_claim
+-- Claims a Stripe customer for the account (migrations/0013): a row back when the customer is now
+-- the account's (new, or the account's already); none when another account has it. A concurrent
+-- claim of the same customer waits on the key until the first commits, then sees its row.
+INSERT INTO stripe_customers AS c (customer_id, account_id)
+VALUES (%(customer_id)s, %(account_id)s)
+ON CONFLICT (customer_id) DO UPDATE SET account_id = EXCLUDED.account_id
+ WHERE c.account_id = EXCLUDED.account_id
+RETURNING account_id
+
+-- name: stripe_customer_release
+-- The account's claim of the customer it no longer names.
+DELETE FROM stripe_customers WHERE customer_id = %(customer_id)s AND account_id = %(account_id)s
+
 -- name: ensure_quotas
 -- Creates the counter rows an account lacks (new account, or a metric added to the plan config),
 -- with the limits of its plan. Existing rows are left alone.

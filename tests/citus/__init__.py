@@ -40,27 +40,18 @@ _SET_ROLE = (
     "SET ROLE to the NOLOGIN group quota_app: Citus opens the shards' connections as the current role, "
     "which may not log in (the service's login role works: tests/citus)"
 )
-_PLAN_LIMITS = (
-    "a plan change brings the counters' limits in line through quotas_follow_targets "
-    "(migrations/repeatable/billing_rules.sql), which locks counters by a join with its targets, "
-    "not by one account: Citus refuses FOR UPDATE across shards"
-)
 _TAMPER = (
     "the test tampers with SET session_replication_role = replica, which Citus does not pass on to "
     "the shards, so the append-only triggers refuse the tampering itself"
 )
 CLUSTER_GAPS: dict[str, str] = {
-    "tests/webhooks/test_ordering.py": (
-        "a delivery resolves its account by provider ids (subscriptions, customer links, "
-        "accounts.stripe_customer_id) in the statement that changes the account, and then " + _PLAN_LIMITS
-    ),
-    "tests/webhooks/test_replay.py": "as tests/webhooks/test_ordering.py",
     "tests/workers/test_reset.py": (
         "reset_batch locks the next batch of counters across every shard (FOR UPDATE with ORDER BY and "
         "LIMIT), which Citus refuses: batches must become per shard, or per account"
     ),
     "tests/workers/test_plan_sync.py": (
-        "plan_sync_lock_accounts and quotas_follow_targets lock rows across shards, which Citus refuses"
+        "plan_sync_lock_accounts locks the next batch of accounts across every shard (FOR SHARE with "
+        "ORDER BY and LIMIT), which Citus refuses"
     ),
     "tests/db/test_append_only.py::test_application_role_lacks_the_privilege": _SET_ROLE,
     "tests/db/test_append_only.py::test_application_role_can_read_and_append": _SET_ROLE,
@@ -73,14 +64,6 @@ CLUSTER_GAPS: dict[str, str] = {
     "tests/db/test_chain.py::test_verify_one_account_and_since": (
         "chain_walk_since's LATERAL subquery with LIMIT over a CTE cannot be pushed down by Citus"
     ),
-    "tests/http/test_accounts.py::test_customer_linked_to_another_account_is_409": (
-        "UNIQUE (stripe_customer_id) cannot stay on a table distributed by account (0012): the product "
-        "link is not checked across accounts on the cluster"
-    ),
-    "tests/http/test_admin.py::test_lapsed_paid_plan_falls_back_to_free": _PLAN_LIMITS,
-    "tests/http/test_admin.py::test_override_beats_a_lapsed_plan_and_survives_plan_changes": _PLAN_LIMITS,
-    "tests/http/test_admin.py::test_free_plan_is_never_lapsed": _PLAN_LIMITS,
-    "tests/http/test_admin.py::test_apply_plan_counts_and_audits_each_limit_it_changes": _PLAN_LIMITS,
 }
 
 
