@@ -13,8 +13,8 @@
 --   ones are found by provider ids, not by account (an event's account is known only once it is
 --   resolved; a subscription moves between accounts), and a reference table joins any one account's
 --   shard on that shard, so a delivery's effect on its account can stay on one shard; the price is a
---   write on every node per delivery (webhooks are rare next to takes). The delivery names its
---   account for that since 0013.
+--   write on every node per delivery (webhooks are rare next to takes). The delivery statement
+--   names its account for that (with 0013), though Citus does not run it yet (README "Scaling out").
 --
 -- What Citus requires, and why each change keeps the guarantee:
 -- * Co-location needs one type for the distribution columns: accounts.id goes back from the

@@ -23,6 +23,9 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON stripe_customers TO quota_app;
 DO $$
 BEGIN
     IF EXISTS (SELECT FROM pg_extension WHERE extname = 'citus') THEN
+        -- One connection per worker for the whole migration (as 0012): the backfill below reads
+        -- accounts on every shard, and the function dropped after it is DDL Citus propagates.
+        PERFORM set_config('citus.multi_shard_modify_mode', 'sequential', true);
         -- Its own co-location group: a customer's row lives where its id hashes, not its account's.
         PERFORM create_distributed_table('stripe_customers', 'customer_id', colocate_with => 'none');
     END IF;

@@ -114,6 +114,17 @@ CREATE OR REPLACE FUNCTION quotas_follow_account(
                  override_set boolean, override_limit bigint)
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
+    -- The rows to change, locked first (a statement of its own: Citus mishandles a locking CTE's
+    -- result); the next statement's snapshot reads them as locked.
+    PERFORM
+      FROM quotas q
+      JOIN unnest(p_metrics, p_plan_limits, p_free_limits, p_lapsed) AS t (metric, plan_limit, free_limit, lapsed)
+        ON q.metric = t.metric
+     WHERE q.account_id = p_account_id
+       AND (q.plan_limit IS DISTINCT FROM t.plan_limit OR q.free_limit IS DISTINCT FROM t.free_limit
+            OR q.lapsed <> t.lapsed)
+     ORDER BY q.metric
+       FOR UPDATE OF q;
     RETURN QUERY
     WITH target AS (
         SELECT * FROM unnest(p_metrics, p_plan_limits, p_free_limits, p_lapsed)
@@ -125,8 +136,6 @@ BEGIN
          WHERE q.account_id = p_account_id
            AND (q.plan_limit IS DISTINCT FROM t.plan_limit OR q.free_limit IS DISTINCT FROM t.free_limit
                 OR q.lapsed <> t.lapsed)
-         ORDER BY q.metric
-           FOR UPDATE OF q
     ), changed AS (
         UPDATE quotas q
            SET plan_limit = t.plan_limit, free_limit = t.free_limit, lapsed = t.lapsed

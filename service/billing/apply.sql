@@ -96,17 +96,15 @@ WITH stored AS (
            %(final)s, %(occurred_at)s, %(event_id)s, %(expires_at)s
       FROM gate
     ON CONFLICT (provider, subscription_id) DO UPDATE
-       -- EXCLUDED.updated_at is the new row's default, now(): Citus takes no now() in DO UPDATE.
        SET prior_account_id = s.account_id,
            account_id = EXCLUDED.account_id,
            plan = coalesce(EXCLUDED.plan, s.plan),
-           status = billing_effective_status(coalesce(%(status)s, s.status), EXCLUDED.expires_at,
-                                             EXCLUDED.updated_at),
+           status = billing_effective_status(coalesce(%(status)s, s.status), EXCLUDED.expires_at, now()),
            final = EXCLUDED.final,
            event_at = EXCLUDED.event_at,
            event_id = EXCLUDED.event_id,
            expires_at = EXCLUDED.expires_at,
-           updated_at = EXCLUDED.updated_at
+           updated_at = now()
      WHERE billing_event_wins(s.final, s.event_at, s.status, s.event_id, EXCLUDED.final,
                               EXCLUDED.event_at, coalesce(%(status)s, s.status), EXCLUDED.event_id,
                               %(opens)s)
