@@ -13,15 +13,14 @@
 --   ones are found by provider ids, not by account (an event's account is known only once it is
 --   resolved; a subscription moves between accounts), and a reference table joins any one account's
 --   shard on that shard, so a delivery's effect on its account can stay on one shard; the price is a
---   write on every node per delivery (webhooks are rare next to takes). The delivery statement itself
---   is not yet shaped for that (README "Scaling out", "Not yet on Citus").
+--   write on every node per delivery (webhooks are rare next to takes). The delivery statement
+--   names its account for that (with 0013), though Citus does not run it yet (README "Scaling out").
 --
 -- What Citus requires, and why each change keeps the guarantee:
 -- * Co-location needs one type for the distribution columns: accounts.id goes back from the
 --   account_key domain (0005) to text, with the same rule as a table CHECK.
 -- * A unique constraint on a distributed table must contain the distribution column, so
---   UNIQUE (stripe_customer_id) cannot stay: on the cluster the product's customer link is not
---   checked across accounts yet (README "Scaling out", "Not yet on Citus").
+--   UNIQUE (stripe_customer_id) cannot stay; 0013 holds it in a table keyed by the customer.
 -- * Foreign keys from a reference table to a distributed one are refused: subscriptions' and
 --   customer_links' to accounts go (every writer resolves the account through accounts first,
 --   under its row lock). quotas' stays: it joins two co-located tables on the distribution column.

@@ -99,11 +99,72 @@ RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT CASE WHEN billing_keeps_access(status) AND expires_at <= at THEN 'expired' ELSE status END
 $$;
 
--- "Plan limits follow the tier", set-based: bring the counter rows of the given (account, metric)
--- targets in line with their plan limit, free limit and lapsed flag. Touches only rows whose values
--- differ (locked in key order, as the reset batches lock them, so the two never deadlock), never
--- usage or the override columns, and writes one audit row per changed row with the old and new
--- values, a lapse-only change included. Returns the changes.
+-- "Plan limits follow the tier", for one account: bring the account's counter rows of the given
+-- metrics in line with their plan limit, free limit and lapsed flag. Touches only rows whose
+-- values differ (locked in metric order, as the reset batches lock them, so the two never
+-- deadlock), never usage or the override columns, and writes one audit row per changed row with the
+-- old and new values, a lapse-only change included. Returns the changes. Every statement names the
+-- account, so on Citus it runs on the account's shard: a join with the targets would lock rows
+-- across shards, which Citus refuses.
+CREATE OR REPLACE FUNCTION quotas_follow_account(
+    p_account_id text, p_metrics text[], p_plan_limits bigint[], p_free_limits bigint[],
+    p_lapsed boolean[], p_actor text
+) RETURNS TABLE (account_id text, metric text, old_plan_limit bigint, new_plan_limit bigint,
+                 old_free_limit bigint, new_free_limit bigint, old_lapsed boolean, new_lapsed boolean,
+                 override_set boolean, override_limit bigint)
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    -- The rows to change, locked first (a statement of its own: Citus mishandles a locking CTE's
+    -- result); the next statement's snapshot reads them as locked.
+    PERFORM
+      FROM quotas q
+      JOIN unnest(p_metrics, p_plan_limits, p_free_limits, p_lapsed) AS t (metric, plan_limit, free_limit, lapsed)
+        ON q.metric = t.metric
+     WHERE q.account_id = p_account_id
+       AND (q.plan_limit IS DISTINCT FROM t.plan_limit OR q.free_limit IS DISTINCT FROM t.free_limit
+            OR q.lapsed <> t.lapsed)
+     ORDER BY q.metric
+       FOR UPDATE OF q;
+    RETURN QUERY
+    WITH target AS (
+        SELECT * FROM unnest(p_metrics, p_plan_limits, p_free_limits, p_lapsed)
+                      AS t (metric, plan_limit, free_limit, lapsed)
+    ), old AS (
+        SELECT q.metric, q.plan_limit, q.free_limit, q.lapsed, q.override_set, q.override_limit
+          FROM quotas q
+          JOIN target t ON q.metric = t.metric
+         WHERE q.account_id = p_account_id
+           AND (q.plan_limit IS DISTINCT FROM t.plan_limit OR q.free_limit IS DISTINCT FROM t.free_limit
+                OR q.lapsed <> t.lapsed)
+    ), changed AS (
+        UPDATE quotas q
+           SET plan_limit = t.plan_limit, free_limit = t.free_limit, lapsed = t.lapsed
+          FROM target t, old
+         WHERE q.account_id = p_account_id AND q.metric = t.metric AND old.metric = t.metric
+     RETURNING q.metric, q.plan_limit, q.free_limit, q.lapsed
+    ), audited AS (
+        INSERT INTO audit_log (actor, action, account_id, metric, old, new)
+        SELECT p_actor, 'plan_limit_changed', p_account_id, c.metric,
+               jsonb_build_object('plan_limit', o.plan_limit, 'free_limit', o.free_limit,
+                                  'lapsed', o.lapsed),
+               jsonb_build_object('plan_limit', c.plan_limit, 'free_limit', c.free_limit,
+                                  'lapsed', c.lapsed)
+          FROM changed c JOIN old o ON o.metric = c.metric
+     RETURNING 1
+    )
+    SELECT p_account_id, c.metric::text, o.plan_limit::bigint, c.plan_limit::bigint,
+           o.free_limit::bigint, c.free_limit::bigint, o.lapsed, c.lapsed,
+           o.override_set, o.override_limit::bigint
+      FROM changed c JOIN old o ON o.metric = c.metric
+     ORDER BY 2;
+END
+$$;
+
+-- The same rule for many (account, metric) targets (plan sync): quotas_follow_account for each
+-- account that has a row to change, in account order (so rows are locked in (account, metric)
+-- order, as before). Returns the changes. Which accounts: one read without locks over all the
+-- targets (on Citus, a distributed read, which may span shards): a daily sync mostly finds none,
+-- and a call per account costs several times what one set-based statement did.
 CREATE OR REPLACE FUNCTION quotas_follow_targets(
     p_account_ids text[], p_metrics text[], p_plan_limits bigint[], p_free_limits bigint[],
     p_lapsed boolean[], p_actor text
@@ -111,42 +172,26 @@ CREATE OR REPLACE FUNCTION quotas_follow_targets(
                  old_free_limit bigint, new_free_limit bigint, old_lapsed boolean, new_lapsed boolean,
                  override_set boolean, override_limit bigint)
 LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_account text;
+    v_metrics text[];
+    v_plan_limits bigint[];
+    v_free_limits bigint[];
+    v_lapsed boolean[];
 BEGIN
-    RETURN QUERY
-    WITH target AS (
-        SELECT * FROM unnest(p_account_ids, p_metrics, p_plan_limits, p_free_limits, p_lapsed)
-                      AS t (account_id, metric, plan_limit, free_limit, lapsed)
-    ), old AS (
-        SELECT q.account_id, q.metric, q.plan_limit, q.free_limit, q.lapsed,
-               q.override_set, q.override_limit
-          FROM quotas q
-          JOIN target t ON q.account_id = t.account_id AND q.metric = t.metric
-         WHERE q.plan_limit IS DISTINCT FROM t.plan_limit OR q.free_limit IS DISTINCT FROM t.free_limit
-            OR q.lapsed <> t.lapsed
-         ORDER BY q.account_id, q.metric
-           FOR UPDATE OF q
-    ), changed AS (
-        UPDATE quotas q
-           SET plan_limit = t.plan_limit, free_limit = t.free_limit, lapsed = t.lapsed
-          FROM target t, old
-         WHERE q.account_id = t.account_id AND q.metric = t.metric
-           AND old.account_id = t.account_id AND old.metric = t.metric
-     RETURNING q.account_id, q.metric, q.plan_limit, q.free_limit, q.lapsed
-    ), audited AS (
-        INSERT INTO audit_log (actor, action, account_id, metric, old, new)
-        SELECT p_actor, 'plan_limit_changed', c.account_id, c.metric,
-               jsonb_build_object('plan_limit', o.plan_limit, 'free_limit', o.free_limit,
-                                  'lapsed', o.lapsed),
-               jsonb_build_object('plan_limit', c.plan_limit, 'free_limit', c.free_limit,
-                                  'lapsed', c.lapsed)
-          FROM changed c JOIN old o ON o.account_id = c.account_id AND o.metric = c.metric
-     RETURNING 1
-    )
-    SELECT c.account_id::text, c.metric::text, o.plan_limit::bigint, c.plan_limit::bigint,
-           o.free_limit::bigint, c.free_limit::bigint, o.lapsed, c.lapsed,
-           o.override_set, o.override_limit::bigint
-      FROM changed c JOIN old o ON o.account_id = c.account_id AND o.metric = c.metric
-     ORDER BY 1, 2;
+    FOR v_account, v_metrics, v_plan_limits, v_free_limits, v_lapsed IN
+        SELECT t.a, array_agg(t.m ORDER BY t.m), array_agg(t.p ORDER BY t.m),
+               array_agg(t.f ORDER BY t.m), array_agg(t.l ORDER BY t.m)
+          FROM unnest(p_account_ids, p_metrics, p_plan_limits, p_free_limits, p_lapsed) AS t (a, m, p, f, l)
+          JOIN quotas q ON q.account_id = t.a AND q.metric = t.m
+         WHERE q.plan_limit IS DISTINCT FROM t.p OR q.free_limit IS DISTINCT FROM t.f OR q.lapsed <> t.l
+         GROUP BY t.a
+         ORDER BY t.a
+    LOOP
+        RETURN QUERY
+        SELECT * FROM quotas_follow_account(v_account, v_metrics, v_plan_limits, v_free_limits, v_lapsed,
+                                            p_actor);
+    END LOOP;
 END
 $$;
 
@@ -170,8 +215,8 @@ BEGIN
            AND p.plan = CASE WHEN p_plan = ANY (p_plan_names) THEN p_plan ELSE p_free_plan END
     )
     SELECT count(*) INTO changes
-      FROM quotas_follow_targets(
-               ARRAY(SELECT p_account_id FROM target ORDER BY metric),
+      FROM quotas_follow_account(
+               p_account_id,
                ARRAY(SELECT metric FROM target ORDER BY metric),
                ARRAY(SELECT plan_limit FROM target ORDER BY metric),
                ARRAY(SELECT free_limit FROM target ORDER BY metric),

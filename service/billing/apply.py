@@ -12,6 +12,11 @@ lock and bumps it, so the statement either saw every change to them or gives way
 runs again with the account locked first (resolve_account), as replays and the rarer paths do: a
 transfer, a subscription that moved from another account. Those lock the accounts as they go and
 recompute them; a deadlock there is retried by the inbox.
+
+One shard per account (Citus, README "Scaling out"): the account is found first, by a read of the
+billing tables (find_account_for; skipped when the event names an existing account), and every
+statement that reads or writes an account's tables then names it. Several accounts are locked one
+statement each, in id order, never by one statement across shards.
 """
 
 from __future__ import annotations
@@ -66,7 +71,7 @@ def plan_for(plans: PlanConfig, keys: PlanKeys) -> str | None:
 
 @dataclass(frozen=True, kw_only=True)
 class Lookup:
-    """What names the account a change is for (see billing_account_for)."""
+    """What names the account a change is for (see the billing_account statement)."""
 
     account_ids: tuple[str, ...]
     subscription_id: str | None = None
@@ -110,13 +115,30 @@ def lookup_params(provider: str, keys: Lookup) -> dict[str, object]:
     }
 
 
+def find_account_for(conn: Connection, provider: str, keys: Lookup) -> str | None:
+    """The id of the first existing account `keys` name (the ids in order, the subscription's owner,
+    the customer's linked account, product link first), read without a lock; None: unmatched."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(Q.billing_account, lookup_params(provider, keys)).fetchone()
+    return None if row is None else str(row["account_id"])
+
+
 def resolve_account(conn: Connection, provider: str, keys: Lookup) -> Resolved | None:
-    """The first existing account `keys` name (the ids in order, the subscription's owner, the
-    customer's linked account, product link first), locked until commit and its billing_version
+    """The account `keys` name (find_account_for), locked until commit and its billing_version
     bumped, so that a one-statement delivery begun before gives way. None: unmatched. Never creates
-    an account. (The one-statement delivery resolves the account itself, without the lock.)"""
+    an account. Found, then locked by its id: two statements, so that on Citus the lock is on the
+    account's shard alone. What a delivery does next under the lock sees every change committed
+    before, and a subscription that moved meanwhile is caught by the delivery statement itself."""
+    account_id = find_account_for(conn, provider, keys)
+    if account_id is None:
+        return None
+    return lock_account(conn, account_id)
+
+
+def lock_account(conn: Connection, account_id: str) -> Resolved | None:
+    """Lock one account for a billing change (account_lock); None: no such account."""
     with conn.cursor(row_factory=class_row(Resolved)) as cur:
-        return cur.execute(Q.resolve_account, lookup_params(provider, keys)).fetchone()
+        return cur.execute(Q.account_lock, {"account_id": account_id}).fetchone()
 
 
 def apply_change(
@@ -134,7 +156,7 @@ def apply_change(
         case NoChange(reason=reason):
             return Outcome(status="ignored", note=reason)
         case SubscriptionChange():
-            return _subscription(conn, plans, env, change, actor=actor)
+            return _subscription(conn, plans, env, change, account, actor=actor)
         case CustomerLink():
             return _link(conn, env, change, account)
         case Transfer():
@@ -155,8 +177,12 @@ class Delivered:
     waiting: bool = False
 
 
-def deliver_subscription(
-    conn: Connection,
+# What subscription_delivery answers when the account it was given as the event's first named id
+# does not exist: nothing was written or stored; find the account (find_account_for) and run again.
+UNRESOLVED = "unresolved"
+
+
+def delivery_params(
     plans: PlanConfig,
     env: Envelope,
     change: SubscriptionChange,
@@ -164,16 +190,15 @@ def deliver_subscription(
     actor: str,
     store: bool,
     locked: bool,
-) -> Delivered:
-    """Run subscription_delivery: store (if `store`) and apply `change` in one statement. Raises
-    psycopg's SerializationFailure when it cannot decide alone (see the statement); `locked` says
-    the caller holds the account's lock (resolve_account), so a subscription may move here, and the
-    caller then recomputes `moved_from`."""
+    account_id: str | None,
+    resolved: bool,
+) -> dict[str, object]:
+    """subscription_delivery's parameters (see deliver_subscription)."""
     plan = plan_for(plans, change.plan_keys)
     note = None
     if plan is None and change.plan_keys != PlanKeys():
         note = f"{change.plan_keys.describe()} map to no plan in the plan config; plan unchanged"
-    params = {
+    return {
         "provider": env.provider,
         "event_id": env.event_id,
         "type": env.type,
@@ -195,8 +220,41 @@ def deliver_subscription(
         "actor": actor,
         "store": store,
         "locked": locked,
+        "account_id": account_id,
+        "resolved": resolved,
         **plans.limit_table,
     }
+
+
+def deliver_subscription(
+    conn: Connection,
+    plans: PlanConfig,
+    env: Envelope,
+    change: SubscriptionChange,
+    *,
+    actor: str,
+    store: bool,
+    locked: bool,
+    account_id: str | None,
+    resolved: bool,
+) -> Delivered:
+    """Run subscription_delivery for `account_id`: store (if `store`) and apply `change` in one
+    statement. `resolved` says the caller found the account (find_account_for; None: unmatched);
+    otherwise `account_id` is the first id the event names, and status UNRESOLVED answers that no
+    such account exists (nothing written). Raises psycopg's SerializationFailure when it cannot
+    decide alone (see the statement); `locked` says the caller holds the account's lock
+    (resolve_account), so a subscription may move here, and the caller then recomputes
+    `moved_from`."""
+    params = delivery_params(
+        plans,
+        env,
+        change,
+        actor=actor,
+        store=store,
+        locked=locked,
+        account_id=account_id,
+        resolved=resolved,
+    )
     with psycopg.RawCursor(conn) as cur:
         row = _DELIVERY.execute(cur, params).fetchone()
     assert row is not None  # the statement always answers one row
@@ -214,11 +272,29 @@ def deliver_subscription(
 
 
 def deliver_subscription_locked(
-    conn: Connection, plans: PlanConfig, env: Envelope, change: SubscriptionChange, *, actor: str, store: bool
+    conn: Connection,
+    plans: PlanConfig,
+    env: Envelope,
+    change: SubscriptionChange,
+    account: Resolved | None,
+    *,
+    actor: str,
+    store: bool,
 ) -> Delivered:
-    """subscription_delivery for a caller that holds the account's lock (resolve_account): a
-    subscription may move here, and its previous owner's tier and status are then recomputed."""
-    done = deliver_subscription(conn, plans, env, change, actor=actor, store=store, locked=True)
+    """subscription_delivery for a caller that holds `account`'s lock (resolve_account; None:
+    unmatched): a subscription may move here, and its previous owner's tier and status are then
+    recomputed."""
+    done = deliver_subscription(
+        conn,
+        plans,
+        env,
+        change,
+        actor=actor,
+        store=store,
+        locked=True,
+        account_id=account.id if account else None,
+        resolved=True,
+    )
     if done.moved_from is not None:
         follow_subscriptions(conn, plans, {done.moved_from}, actor=actor)
     return done
@@ -229,11 +305,12 @@ def _subscription(
     plans: PlanConfig,
     env: Envelope,
     change: SubscriptionChange,
+    account: Resolved | None,
     *,
     actor: str,
 ) -> Outcome:
     """A replay: the caller holds the account's lock and the stored row."""
-    done = deliver_subscription_locked(conn, plans, env, change, actor=actor, store=False)
+    done = deliver_subscription_locked(conn, plans, env, change, account, actor=actor, store=False)
     return Outcome(
         status=done.status,
         account_id=done.account_id,
@@ -339,9 +416,12 @@ def follow_subscriptions(conn: Connection, plans: PlanConfig, account_ids: set[s
 
 def lock_accounts(conn: Connection, account_ids: Iterable[str]) -> list[Resolved]:
     """Lock these accounts for a billing change, in id order, as resolve_account locks one (their
-    billing_version moves, so a concurrent one-statement delivery gives way); returns them."""
-    with conn.cursor(row_factory=class_row(Resolved)) as cur:
-        return cur.execute(Q.accounts_lock, {"account_ids": sorted(account_ids)}).fetchall()
+    billing_version moves, so a concurrent one-statement delivery gives way); returns those that
+    exist. One statement per account, each on its account's shard on Citus: the id order keeps two
+    callers from deadlocking, as one statement's ORDER BY did. (Several accounts are rare: a
+    transfer and the owner a subscription moved from.)"""
+    locked = (lock_account(conn, account_id) for account_id in sorted(set(account_ids)))
+    return [account for account in locked if account is not None]
 
 
 def _unmatched_note(

@@ -1,23 +1,54 @@
 -- Applying provider events (service/billing/apply.py): subscription state, customer links. Named parameters.
 
--- name: resolve_account
--- The account an event is for (see billing_account_for), locked until
--- commit, its billing_version bumped: every change to an account's subscriptions holds this lock,
--- so the statements after it see every other change to them, and a one-statement delivery that
--- began before it gives way (see subscription_delivery). An UPDATE's lock is FOR NO KEY UPDATE: it
--- does not wait on the FOR KEY SHARE locks that foreign keys to accounts take.
+-- name: billing_account
+-- The account an event is for, best first: the first of the ids it names that exists (in its
+-- order), else the subscription's current owner, else the account the product linked the Stripe
+-- customer to (stripe_customers), else the account an earlier event linked the customer to. No row:
+-- unmatched. A read without locks, of the billing tables (reference tables on Citus, read on any
+-- node) and of accounts by the named ids (the shards of those ids alone), so that the account's
+-- part of a delivery can then name its account and run on its shard (README "Scaling out").
+SELECT c.account_id
+  FROM (SELECT a.id::text AS account_id, array_position(%(account_ids)s::text[], a.id::text) AS rank
+          FROM accounts a
+         WHERE a.id = ANY (%(account_ids)s::text[])
+        UNION ALL
+        SELECT s.account_id, 1000 FROM subscriptions s
+         WHERE s.provider = %(provider)s AND s.subscription_id = %(subscription_id)s
+        UNION ALL
+        SELECT k.account_id, 2000 FROM stripe_customers k
+         WHERE %(provider)s = 'stripe' AND k.customer_id = %(customer_id)s
+        UNION ALL
+        SELECT l.account_id, 3000 FROM customer_links l
+         WHERE l.provider = %(provider)s AND l.customer_id = %(customer_id)s) c
+ ORDER BY c.rank
+ LIMIT 1
+
+-- name: account_lock
+-- The lock of a billing change on one account (the delivery's locked path, replays, transfers, the
+-- expiry job), until commit, with its billing_version bumped: every change to an account's
+-- subscriptions holds this lock, so the statements after it see every other change to them, and a
+-- one-statement delivery that began before it gives way (see subscription_delivery). An UPDATE's
+-- lock is FOR NO KEY UPDATE: it does not wait on the FOR KEY SHARE locks that foreign keys to
+-- accounts take. By id, so one shard on Citus; several accounts are locked one at a time, in id
+-- order (apply.lock_accounts), never by one statement across shards.
 UPDATE accounts
    SET billing_version = billing_version + 1
- WHERE id = (SELECT account_id
-               FROM billing_account_for(%(provider)s, %(account_ids)s::text[], %(subscription_id)s,
-                                        %(customer_id)s))
+ WHERE id = %(account_id)s
 RETURNING id, plan, subscription_status
 
 -- name: subscription_delivery
--- A subscription event, whole, in one statement: dedupe and store it, resolve its account, apply the
--- ordering rule to the subscription, link the customer, decide the account's tier and status from
--- all its subscriptions, and bring the account's plan limits in line (audit rows). In autocommit
--- this is the whole delivery, one round trip and one commit.
+-- A subscription event, whole, in one statement: dedupe and store it, apply the ordering rule to the
+-- subscription, link the customer, decide the account's tier and status from all its
+-- subscriptions, and bring the account's plan limits in line (audit rows). In autocommit this is
+-- the whole delivery, one round trip and one commit.
+--
+-- The account is %(account_id)s, and every part that reads or writes an account table names it, so
+-- on Citus the account's part runs on the account's shard (the billing tables are reference
+-- tables). Who picks it (service/billing/inbox.py): the first id the event names, when the event
+-- names one (the common case), with %(resolved)s false: if that account exists, it is the one
+-- billing_account would pick (named ids come first), and this one statement is the delivery; if it
+-- does not, the statement writes nothing and answers `unresolved`. Otherwise billing_account picks
+-- it first and the statement runs with %(resolved)s true (NULL: unmatched, the event is stored so).
 --
 -- `gate`: the account's row lock, taken only if the row is as this statement's snapshot read it
 --   (billing_version, tier, status; the lock re-checks that on the newest row version). Every
@@ -25,7 +56,7 @@ RETURNING id, plan, subscription_status
 --   means the snapshot holds every subscription of the account, and `best` may read them. A failed
 --   gate (or a copy stored meanwhile, or a subscription moving from another account) raises
 --   serialization_failure through billing_take_locked_path: all of it rolls back and the caller
---   takes the locked path, which locks the account (resolve_account) before this statement runs
+--   takes the locked path, which locks the account (account_lock) before this statement runs
 --   again in the same transaction (%(locked)s true: moves allowed, the caller recomputes the old
 --   owner). %(store)s false (a replay): the inbox row exists; the statement only says the outcome.
 -- `up`: the ordering rule (billing_event_wins, migrations/repeatable/billing_rules.sql), under the
@@ -48,15 +79,14 @@ WITH stored AS (
      WHERE %(store)s AND provider = %(provider)s AND event_id = %(event_id)s
 ), acct AS (
     SELECT a.id, a.plan, a.subscription_status, a.billing_version
-      FROM billing_account_for(%(provider)s, %(account_ids)s::text[], %(subscription_id)s,
-                               %(customer_id)s) c
-      JOIN accounts a ON a.id = c.account_id
+      FROM accounts a
+     WHERE a.id = %(account_id)s
 ), gate AS (
     SELECT a.id
       FROM acct
       JOIN accounts a ON a.id = acct.id AND a.billing_version = acct.billing_version
                      AND a.plan = acct.plan AND a.subscription_status = acct.subscription_status
-     WHERE NOT EXISTS (SELECT FROM stored)
+     WHERE a.id = %(account_id)s AND NOT EXISTS (SELECT FROM stored)
        FOR NO KEY UPDATE OF a
 ), up AS (
     INSERT INTO subscriptions AS s (provider, subscription_id, account_id, plan, status, final,
@@ -110,10 +140,10 @@ WITH stored AS (
        SET plan = d.plan, subscription_status = d.status, billing_version = a.billing_version + 1,
            updated_at = CASE WHEN d.changed THEN now() ELSE a.updated_at END
       FROM decided d
-     WHERE a.id = d.id
+     WHERE a.id = %(account_id)s AND a.id = d.id
     RETURNING a.id
 ), limits_set AS (
-    SELECT quotas_follow_plan(d.id, d.plan, d.lapsed, %(actor)s, %(free_plan)s, %(plan_names)s::text[],
+    SELECT quotas_follow_plan(%(account_id)s, d.plan, d.lapsed, %(actor)s, %(free_plan)s, %(plan_names)s::text[],
                               %(plan_metrics)s::text[], %(plan_limits)s::bigint[]) AS changes
       FROM decided d, acct_set
      WHERE d.changed
@@ -125,7 +155,8 @@ WITH stored AS (
       LEFT JOIN acct ON true LEFT JOIN up ON true LEFT JOIN linked ON true
 ), outcome AS (
     SELECT f.*,
-           CASE WHEN f.account_id IS NULL THEN 'unmatched' WHEN f.applied THEN 'applied'
+           CASE WHEN f.account_id IS NULL AND NOT %(resolved)s THEN 'unresolved'
+                WHEN f.account_id IS NULL THEN 'unmatched' WHEN f.applied THEN 'applied'
                 ELSE 'ignored' END AS status,
            CASE WHEN f.account_id IS NULL THEN %(unmatched_note)s
                 WHEN f.applied THEN nullif(concat_ws('; ', %(note)s::text,
@@ -147,7 +178,7 @@ WITH stored AS (
            %(subscription_id)s, %(customer_id)s,
            CASE WHEN o.status = 'unmatched' THEN %(account_ids)s::text[] END, %(payload)s::json, now()
       FROM outcome o
-     WHERE %(store)s
+     WHERE %(store)s AND o.status <> 'unresolved'
     ON CONFLICT (provider, event_id) DO NOTHING
     RETURNING id
 )
@@ -183,19 +214,6 @@ UPDATE subscriptions s
  WHERE s.provider = %(provider)s AND s.account_id = ANY(%(from_ids)s::text[])
    AND s.account_id <> %(account_id)s AND s.event_at <= %(event_at)s
 RETURNING s.subscription_id, s.prior_account_id
-
--- name: accounts_lock
--- The lock of resolve_account (and its billing_version bump) for several accounts (transfers, a
--- subscription's previous owner), taken in id order. The next statement sees every subscription
--- committed before it.
-WITH locked AS (
-    SELECT id FROM accounts WHERE id = ANY(%(account_ids)s::text[]) ORDER BY id FOR NO KEY UPDATE
-)
-UPDATE accounts a
-   SET billing_version = a.billing_version + 1
-  FROM locked
- WHERE a.id = locked.id
-RETURNING a.id, a.plan, a.subscription_status
 
 -- name: accounts_best_subscription
 -- Each account's deciding subscription (billing_deciding_subscription); none for an account that has

@@ -10,7 +10,7 @@ SELECT DISTINCT account_id
 
 -- name: subscriptions_end_by_time
 -- Ends the account's subscriptions whose access ended by time; the caller holds the account's lock
--- (accounts_lock) and recomputes its tier and status.
+-- (account_lock) and recomputes its tier and status.
 UPDATE subscriptions
    SET status = billing_effective_status(status, expires_at, %(at)s), updated_at = now()
  WHERE account_id = %(account_id)s AND expires_at <= %(at)s

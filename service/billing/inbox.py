@@ -6,11 +6,15 @@ in one short transaction. Dedupe is the unique (provider, event_id) constraint w
 store and apply it once.
 
 A subscription event, the common case, is one statement in autocommit (subscription_delivery:
-store, order, apply, and the commit, in one round trip). When that statement cannot decide alone
+store, order, apply, and the commit, in one round trip), for the account the event names first.
+When the event names no account that exists (an event found by its subscription or customer), a
+read of the billing tables finds the account first (find_account_for), and the statement runs for
+it: two round trips. The statement always names its account so that on Citus it runs on the
+account's shard (README "Scaling out"). When that statement cannot decide alone
 (a concurrent change to the same account, a copy stored meanwhile, a subscription moving between
 accounts) it rolls back whole, and the delivery runs again on the locked path: a transaction that
 locks the account, then runs the same statement. Customer links and transfers always take a
-transaction: store the row with its account locked, apply, correct the row.
+transaction: lock the account, store the row, apply, correct the row.
 
 Only the conflicts the one statement is designed to give way on (serialization failures it raises
 itself, and deadlocks) send a delivery to the locked path; any other error there is logged at
@@ -49,11 +53,13 @@ from psycopg.rows import class_row, dict_row
 
 from service import audit
 from service.billing.apply import (
+    UNRESOLVED,
+    Delivered,
     Outcome,
-    Resolved,
     apply_change,
     deliver_subscription,
     deliver_subscription_locked,
+    find_account_for,
     lookup,
     lookup_params,
     resolve_account,
@@ -178,11 +184,28 @@ def _in_one_statement(
     conn: Connection, plans: PlanConfig, env: Envelope, change: SubscriptionChange, *, actor: str
 ) -> Receipt | None:
     """The common case, a subscription event, as one statement in autocommit: store, apply, commit
-    in one round trip. None: it gave way (a concurrent change to the account, a copy stored
-    meanwhile, a subscription moving between accounts) or failed, and rolled back whole; the caller
-    takes the locked path, which also turns a failure into a `failed` row."""
+    in one round trip (two when the event names no existing account: see the module). None: it gave
+    way (a concurrent change to the account, a copy stored meanwhile, a subscription moving between
+    accounts) or failed, and rolled back whole; the caller takes the locked path, which also turns
+    a failure into a `failed` row."""
+
+    def deliver(account_id: str | None, *, resolved: bool) -> Delivered:
+        return deliver_subscription(
+            conn,
+            plans,
+            env,
+            change,
+            actor=actor,
+            store=True,
+            locked=False,
+            account_id=account_id,
+            resolved=resolved,
+        )
+
     try:
-        done = deliver_subscription(conn, plans, env, change, actor=actor, store=True, locked=False)
+        done = deliver(change.account_ids[0], resolved=False) if change.account_ids else None
+        if done is None or done.status == UNRESOLVED:
+            done = deliver(find_account_for(conn, env.provider, lookup(change)), resolved=True)
     except RETRYABLE:
         return None  # the designed way out: the statement gave way (or deadlocked)
     except psycopg.OperationalError:
@@ -201,9 +224,9 @@ def _subscription_locked(
     conn: Connection, plans: PlanConfig, env: Envelope, change: SubscriptionChange, *, actor: str
 ) -> Receipt:
     """A subscription event with its account locked before the statement reads its subscriptions."""
-    resolve_account(conn, env.provider, lookup(change))
+    account = resolve_account(conn, env.provider, lookup(change))
     done = _guarded(
-        env, partial(deliver_subscription_locked, conn, plans, env, change, actor=actor, store=True)
+        env, partial(deliver_subscription_locked, conn, plans, env, change, account, actor=actor, store=True)
     )
     if done.inbox_id is None:
         return _duplicate(conn, env)
@@ -213,19 +236,22 @@ def _subscription_locked(
 def _other_locked(
     conn: Connection, plans: PlanConfig, env: Envelope, change: CustomerLink | Transfer, *, actor: str
 ) -> Receipt:
-    """A customer link or a transfer: store the row with its account resolved and locked, apply,
-    and correct the row if the outcome differs."""
+    """A customer link or a transfer: lock its account (resolved first), store the row as applied
+    to it (or unmatched), apply, and correct the row if the outcome differs."""
     keys = lookup(change)
+    account = resolve_account(conn, env.provider, keys)
     with conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(
-            Q.inbox_insert_resolved, {**lookup_params(env.provider, keys), **_row_params(env)}
+            Q.inbox_insert_resolved,
+            {
+                **lookup_params(env.provider, keys),
+                **_row_params(env),
+                "account_id": account.id if account else None,
+            },
         ).fetchone()
     if row is None:
         return _duplicate(conn, env)
-    inbox_id = int(row["inbox_id"])
-    account = None
-    if row["id"] is not None:
-        account = Resolved(id=row["id"], plan=row["plan"], subscription_status=row["subscription_status"])
+    inbox_id = int(row["id"])
     stored = Outcome(
         status="applied" if account else "unmatched",
         account_id=account.id if account else None,

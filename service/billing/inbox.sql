@@ -53,31 +53,19 @@ SELECT id, provider, event_id, type, status, error, note, account_id, subscripti
  LIMIT %(limit)s
 
 -- name: inbox_insert_resolved
--- A customer link's or transfer's first statement: resolve the event's account and lock it (as
--- resolve_account, without the version bump: a transfer bumps the accounts whose subscriptions it
--- moves, through accounts_lock), then dedupe and persist the event (as inbox_insert), stored as
--- `applied` with its account, or `unmatched`; the caller corrects the row in the same transaction
--- if the outcome differs. No row back: a duplicate (a concurrent copy waits on the account lock or
--- the unique index until the first commits).
-WITH acct AS (
-    SELECT a.id, a.plan, a.subscription_status
-      FROM billing_account_for(%(provider)s, %(account_ids)s::text[], %(subscription_id)s,
-                               %(customer_id)s) c
-      JOIN accounts a ON a.id = c.account_id
-       FOR NO KEY UPDATE OF a
-), ins AS (
-    INSERT INTO webhook_events (provider, event_id, type, occurred_at, status, account_id,
-                                subscription_id, customer_id, named_accounts, payload, processed_at)
-    SELECT %(provider)s, %(event_id)s, %(type)s, %(occurred_at)s,
-           CASE WHEN EXISTS (SELECT FROM acct) THEN 'applied' ELSE 'unmatched' END,
-           (SELECT id FROM acct), %(subscription_id)s, %(customer_id)s,
-           CASE WHEN NOT EXISTS (SELECT FROM acct) THEN %(account_ids)s::text[] END,
-           %(payload)s::json, now()
-    ON CONFLICT (provider, event_id) DO NOTHING
-    RETURNING id
-)
-SELECT ins.id AS inbox_id, acct.id, acct.plan, acct.subscription_status
-  FROM ins LEFT JOIN acct ON true
+-- A customer link's or transfer's row, once its account is resolved and locked
+-- (apply.resolve_account; NULL: none): dedupe and persist it (as inbox_insert), stored as `applied`
+-- with its account, or `unmatched` with the ids it names; the caller corrects the row in the same
+-- transaction if the outcome differs. No row back: a duplicate (a concurrent copy waits on the
+-- account lock or the unique index until the first commits).
+INSERT INTO webhook_events (provider, event_id, type, occurred_at, status, account_id, subscription_id,
+                            customer_id, named_accounts, payload, processed_at)
+VALUES (%(provider)s, %(event_id)s, %(type)s, %(occurred_at)s,
+        CASE WHEN %(account_id)s::text IS NULL THEN 'unmatched' ELSE 'applied' END, %(account_id)s,
+        %(subscription_id)s, %(customer_id)s,
+        CASE WHEN %(account_id)s::text IS NULL THEN %(account_ids)s::text[] END, %(payload)s::json, now())
+ON CONFLICT (provider, event_id) DO NOTHING
+RETURNING id
 
 -- name: inbox_waiting
 -- Stored `unmatched` events that a new link may make applicable, in provider order: those of the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import psycopg
@@ -101,30 +102,65 @@ def ensure_quotas(conn: Connection, plans: PlanConfig, *, account_id: str, perio
     )
 
 
+class _CreatedMeanwhile(Exception):
+    """The account was created by another transaction after its customer was read: the customer
+    that one named is not known here, so the upsert runs again."""
+
+
+_UPSERT_ATTEMPTS = 3
+
+
 def upsert_account(
     conn: Connection, plans: PlanConfig, *, account_id: str, kind: str, stripe_customer_id: str | None = None
 ) -> bool:
     """Create the account on the free plan, or update its kind and customer link. True if created.
-    A deleted account raises AccountDeleted; a customer linked elsewhere CustomerAlreadyLinked."""
-    try:
-        with transaction(conn), conn.cursor(row_factory=dict_row) as cur:
-            row = cur.execute(
-                Q.account_upsert,
-                {
-                    "account_id": account_id,
-                    "kind": kind,
-                    "plan": plans.free_plan,
-                    "stripe_customer_id": stripe_customer_id,
-                },
-            ).fetchone()
-            if row is None:
-                raise AccountDeleted(f"account {account_id!r} was deleted")
-            ensure_quotas(conn, plans, account_id=account_id)
-    except psycopg.errors.UniqueViolation:
-        raise CustomerAlreadyLinked(
-            f"Stripe customer {stripe_customer_id!r} is already linked to another account"
-        ) from None
-    return bool(row["created"])
+    A deleted account raises AccountDeleted; a customer linked elsewhere CustomerAlreadyLinked.
+
+    One customer per account, and one account per customer, by the customer's own row
+    (stripe_customers, migrations/0013), written in the upsert's transaction: on Citus a unique
+    index on accounts cannot hold it (README "Scaling out")."""
+    for attempt in range(1, _UPSERT_ATTEMPTS + 1):
+        try:
+            with transaction(conn), conn.cursor(row_factory=dict_row) as cur:
+                existed = None
+                if stripe_customer_id is not None:
+                    existed = _claim_customer(conn, account_id=account_id, customer_id=stripe_customer_id)
+                row = cur.execute(
+                    Q.account_upsert,
+                    {
+                        "account_id": account_id,
+                        "kind": kind,
+                        "plan": plans.free_plan,
+                        "stripe_customer_id": stripe_customer_id,
+                    },
+                ).fetchone()
+                if row is None:
+                    raise AccountDeleted(f"account {account_id!r} was deleted")
+                if existed is False and not row["created"]:
+                    raise _CreatedMeanwhile
+                ensure_quotas(conn, plans, account_id=account_id)
+            return bool(row["created"])
+        except _CreatedMeanwhile:
+            if attempt == _UPSERT_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _claim_customer(conn: Connection, *, account_id: str, customer_id: str) -> bool:
+    """Claim `customer_id` for the account, releasing the customer it named before, under the
+    account's row lock; CustomerAlreadyLinked if another account has it. Returns whether the
+    account existed."""
+    params = {"account_id": account_id, "customer_id": customer_id}
+    with conn.cursor(row_factory=dict_row) as cur:
+        current = cur.execute(Q.account_customer_for_update, params).fetchone()
+        previous = current["stripe_customer_id"] if current else None
+        if previous is not None and previous != customer_id:
+            cur.execute(Q.stripe_customer_release, {**params, "customer_id": previous})
+        if cur.execute(Q.stripe_customer_claim, params).fetchone() is None:
+            raise CustomerAlreadyLinked(
+                f"Stripe customer {customer_id!r} is already linked to another account"
+            )
+    return current is not None
 
 
 def get_account(
@@ -146,13 +182,17 @@ def get_account(
 def apply_plan(
     conn: Connection, plans: PlanConfig, *, account_id: str, plan: str, status: str, actor: str
 ) -> int:
-    """Set the account's plan tier and subscription status and bring its stored plan limits in line,
-    in one statement (an audit row per changed counter, a lapse-only change included); returns the
-    number of counters changed. Never touches usage, the ledger or overrides. Inside the caller's
-    transaction if there is one."""
+    """Set the account's plan tier and subscription status and bring its stored plan limits in line
+    (an audit row per changed counter, a lapse-only change included); returns the number of counters
+    changed. Never touches usage, the ledger or overrides. In the caller's transaction if there is
+    one, else in one of its own: two statements, so that on Citus each runs on the account's shard
+    (see apply_plan_limits)."""
     params = {"account_id": account_id, "plan": plan, "status": status, "actor": actor, **plans.limit_table}
-    with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(Q.apply_plan, params).fetchone()
-    if row is None or not row["found"]:
-        raise UnknownAccount(f"unknown account {account_id!r}")
+    # A savepoint inside the caller's transaction would cost two round trips and protect nothing.
+    idle = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    with transaction(conn) if idle else nullcontext(), conn.cursor(row_factory=dict_row) as cur:
+        if cur.execute(Q.apply_plan, params).fetchone() is None:
+            raise UnknownAccount(f"unknown account {account_id!r}")
+        row = cur.execute(Q.apply_plan_limits, params).fetchone()
+    assert row is not None  # a function call answers one row
     return int(row["limit_changes"])

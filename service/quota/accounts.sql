@@ -11,6 +11,25 @@ ON CONFLICT (id) DO UPDATE
  WHERE NOT accounts.deleted
 RETURNING (xmax = 0) AS created
 
+-- name: account_customer_for_update
+-- The Stripe customer the account names now, read under the account's row lock, before an upsert
+-- that names one: the upsert's transaction then moves the customer's claim (stripe_customers).
+SELECT stripe_customer_id FROM accounts WHERE id = %(account_id)s FOR NO KEY UPDATE
+
+-- name: stripe_customer_claim
+-- Claims a Stripe customer for the account (migrations/0013): a row back when the customer is now
+-- the account's (new, or the account's already); none when another account has it. A concurrent
+-- claim of the same customer waits on the key until the first commits, then sees its row.
+INSERT INTO stripe_customers AS c (customer_id, account_id)
+VALUES (%(customer_id)s, %(account_id)s)
+ON CONFLICT (customer_id) DO UPDATE SET account_id = EXCLUDED.account_id
+ WHERE c.account_id = EXCLUDED.account_id
+RETURNING account_id
+
+-- name: stripe_customer_release
+-- The account's claim of the customer it no longer names.
+DELETE FROM stripe_customers WHERE customer_id = %(customer_id)s AND account_id = %(account_id)s
+
 -- name: ensure_quotas
 -- Creates the counter rows an account lacks (new account, or a metric added to the plan config),
 -- with the limits of its plan. Existing rows are left alone.
@@ -39,21 +58,21 @@ SELECT metric, lim AS "limit", limit_source,
  ORDER BY metric
 
 -- name: apply_plan
--- Sets an account's plan tier and subscription status and, in the same statement, brings its
--- stored plan limits (and lapsed flag, billing_is_lapsed) in line through quotas_follow_plan
--- (migrations/repeatable/billing_rules.sql: only rows whose values differ, never the override
--- columns, an audit row per changed row).
--- `found` = 0 means no such account.
-WITH account AS (
-    UPDATE accounts
-       SET plan = %(plan)s, subscription_status = %(status)s, updated_at = now()
-     WHERE id = %(account_id)s
- RETURNING id
-)
-SELECT count(*) AS found,
-       coalesce(sum(quotas_follow_plan(id, %(plan)s,
-                                       billing_is_lapsed(%(plan)s, %(status)s, %(free_plan)s),
-                                       %(actor)s, %(free_plan)s,
-                                       %(plan_names)s::text[], %(plan_metrics)s::text[],
-                                       %(plan_limits)s::bigint[])), 0) AS limit_changes
-  FROM account
+-- Sets an account's plan tier and subscription status. `id` back: the account exists.
+UPDATE accounts
+   SET plan = %(plan)s, subscription_status = %(status)s, updated_at = now()
+ WHERE id = %(account_id)s
+RETURNING id
+
+-- name: apply_plan_limits
+-- The account's stored plan limits (and lapsed flag, billing_is_lapsed) brought in line with the
+-- tier and status apply_plan set, through quotas_follow_plan (migrations/repeatable/billing_rules.sql:
+-- only rows whose values differ, never the override columns, an audit row per changed row). A
+-- statement of its own, a function call with no table: on Citus it runs on the coordinator, and the
+-- function's statements, which name the account, each on the account's shard. (Called inside
+-- apply_plan's UPDATE, Citus would push the call to the shard's node with the UPDATE, where it may
+-- not run distributed statements.)
+SELECT quotas_follow_plan(%(account_id)s, %(plan)s,
+                          billing_is_lapsed(%(plan)s, %(status)s, %(free_plan)s), %(actor)s, %(free_plan)s,
+                          %(plan_names)s::text[], %(plan_metrics)s::text[], %(plan_limits)s::bigint[])
+           AS limit_changes

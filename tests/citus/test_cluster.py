@@ -5,12 +5,16 @@ run (QUOTA_TEST_CITUS=1, .ci/run); the suite's own tests marked `citus` cover th
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg.rows import dict_row
 
+from service.billing.apply import delivery_params
+from service.billing.events import Envelope, PlanKeys, SubscriptionChange
+from service.billing.plans import PlanConfig
 from service.db import Q
 from service.quota import reset, takes
 from tests.citus import on_cluster
@@ -22,8 +26,10 @@ pytestmark = pytest.mark.skipif(
 
 ACCOUNT_TABLES = ("accounts", "quotas", "ledger", "audit_log")
 REFERENCE_TABLES = ("api_keys", "job_runs", "webhook_events", "subscriptions", "customer_links")
-# The per-account statements of a take, a release, an account read, an override, an admin reset and
-# a soft delete. Each must run on the one shard that holds the account.
+# Distributed by their own key, in a co-location group of their own.
+OWN_KEY_TABLES = ("stripe_customers",)
+# The per-account statements of a take, a release, an account read, an override, an admin reset, a
+# soft delete and a billing change's lock. Each must run on the one shard that holds the account.
 HOT = (
     "take",
     "take_refusal",
@@ -45,7 +51,11 @@ HOT = (
     "soft_delete_quotas",
     "restore_account",
     "restore_quotas",
+    "account_lock",
+    "account_customer_for_update",
 )
+# A Stripe customer's claim (the account upsert's transaction): one shard, the customer's.
+CUSTOMER = ("stripe_customer_claim", "stripe_customer_release")
 PARAMS: dict[str, Any] = {
     "account_id": "acc-1",
     "metric": "urls",
@@ -67,6 +77,7 @@ PARAMS: dict[str, Any] = {
     "action": "x",
     "old": None,
     "new": None,
+    "customer_id": "cus_1",
 }
 
 
@@ -79,6 +90,8 @@ def test_account_tables_are_distributed_and_colocated_and_the_rest_are_reference
     assert {rows[t][0] for t in ACCOUNT_TABLES} == {"h"}
     assert len({rows[t] for t in ACCOUNT_TABLES}) == 1, rows  # one co-location group
     assert {rows[t][0] for t in REFERENCE_TABLES} == {"n"}, rows
+    for table in OWN_KEY_TABLES:
+        assert rows[table][0] == "h" and rows[table] not in {rows[t] for t in ACCOUNT_TABLES}, rows
 
 
 # Statements whose data-modifying CTEs Citus plans as steps (README "Scaling out"): the counter's
@@ -93,7 +106,7 @@ def _explain(conn: psycopg.Connection[Any], name: str, params: dict[str, Any] = 
     return "\n".join(r[0] for r in rows)
 
 
-def _assert_one_shard(conn: psycopg.Connection[Any], plan: str) -> None:
+def _assert_one_shard_per_step(conn: psycopg.Connection[Any], plan: str) -> None:
     counts = re.findall(r"Task Count: (\d+)", plan)
     assert counts and set(counts) == {"1"}, plan  # no step fans out over shards
     # Every step that reads or writes a table does it on the account's shards, which are co-located:
@@ -110,9 +123,57 @@ def _assert_one_shard(conn: psycopg.Connection[Any], plan: str) -> None:
 @pytest.mark.parametrize("name", HOT)
 def test_hot_statement_touches_one_shard(conn, name):
     plan = _explain(conn, name)
-    _assert_one_shard(conn, plan)
+    _assert_one_shard_per_step(conn, plan)
     if name not in STEPPED:
         assert "Subplan" not in plan, plan  # one router task: one round trip to the shard
+
+
+@pytest.mark.parametrize("name", CUSTOMER)
+def test_a_customer_claim_is_one_router_task(conn, name):
+    plan = _explain(conn, name)
+    assert re.findall(r"Task Count: (\d+)", plan) == ["1"], plan
+    assert "Subplan" not in plan, plan
+
+
+def _delivery(plans: PlanConfig, *, account_id: str | None, resolved: bool) -> dict[str, Any]:
+    env = Envelope(
+        provider="stripe",
+        event_id="evt_1",
+        type="customer.subscription.updated",
+        occurred_at=datetime(2026, 1, 5, tzinfo=UTC),
+        body="{}",
+        data={},
+    )
+    change = SubscriptionChange(
+        subscription_id="sub_1",
+        account_ids=("acc-1",),
+        customer_id="cus_1",
+        plan_keys=PlanKeys(stripe_prices=("pro_monthly",)),
+        status="active",
+        status_if_new="active",
+    )
+    return delivery_params(
+        plans, env, change, actor="t", store=True, locked=False, account_id=account_id, resolved=resolved
+    )
+
+
+@pytest.mark.parametrize("resolved", [False, True])
+def test_a_webhook_delivery_touches_its_accounts_shard_alone(conn, plans, resolved):
+    """The account's part of a delivery (subscription_delivery) names its account: its data-modifying
+    CTEs run as steps (the billing tables are reference tables, written on every node), and every
+    step that reads or writes an account table does it on the account's one shard, which it locks
+    (FOR NO KEY UPDATE) there alone."""
+    plan = _explain(conn, "subscription_delivery", _delivery(plans, account_id="acc-1", resolved=resolved))
+    _assert_one_shard_per_step(conn, plan)
+    assert re.search(r" on accounts_\d+", plan), plan
+
+
+def test_finding_a_deliverys_account_reads_the_named_accounts_shard_alone(conn):
+    """billing_account, the read before the account's part when the event names no existing
+    account: the billing tables are read where they are (reference tables), accounts on the shard of
+    the id the event names, stripe_customers on the customer's."""
+    params = {"provider": "stripe", "account_ids": ["acc-1"], "subscription_id": "s", "customer_id": "c"}
+    _assert_one_shard_per_step(conn, _explain(conn, "billing_account", params))
 
 
 @pytest.mark.parametrize("table", ["ledger", "audit_log"])
@@ -210,7 +271,8 @@ def test_each_reset_batch_locks_and_changes_one_shard(conn, plans):
     assert len(groups) > 1
     assert "FOR UPDATE" in _statement("reset_group")
     for group in groups:
-        _assert_one_shard(conn, _explain(conn, "reset_group", {**group, "period": "2026-01", "actor": "t"}))
+        params = {**group, "period": "2026-01", "actor": "t"}
+        _assert_one_shard_per_step(conn, _explain(conn, "reset_group", params))
 
 
 def test_each_plan_sync_batch_locks_one_shard(conn, plans):
@@ -221,7 +283,7 @@ def test_each_plan_sync_batch_locks_one_shard(conn, plans):
     for group in groups:
         assert len(_shards(conn, group["group_ids"])) == 1
         params = {"group_ids": group["group_ids"], "free_plan": "free"}
-        _assert_one_shard(conn, _explain(conn, "plan_sync_lock_accounts", params))
+        _assert_one_shard_per_step(conn, _explain(conn, "plan_sync_lock_accounts", params))
         ids = group["group_ids"]
         targets = {
             "account_ids": ids,
@@ -230,4 +292,4 @@ def test_each_plan_sync_batch_locks_one_shard(conn, plans):
             "free_limits": [1] * len(ids),
             "lapsed": [False] * len(ids),
         }
-        _assert_one_shard(conn, _explain(conn, "plan_sync_diff", {**targets, "group_ids": ids}))
+        _assert_one_shard_per_step(conn, _explain(conn, "plan_sync_diff", {**targets, "group_ids": ids}))

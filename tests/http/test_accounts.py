@@ -90,6 +90,24 @@ def test_customer_linked_to_another_account_is_409(client, keys):
     assert_error(client.get("/v1/accounts/b", headers=keys["product"]), 404)
 
 
+def test_a_customer_its_account_moved_away_from_can_be_linked_again(client, keys, conn):
+    """One account per customer (stripe_customers, migrations/0013): an account given another
+    customer releases the one it named, in the same transaction; the one it names now stays its."""
+    put_account(client, keys, "a", stripe_customer_id="cus_X")
+    put_account(client, keys, "a", stripe_customer_id="cus_X")  # the same link again: still a's
+    put_account(client, keys, "a", stripe_customer_id="cus_Y")
+    r = client.put(
+        "/v1/accounts/b", json={"kind": "user", "stripe_customer_id": "cus_X"}, headers=keys["product"]
+    )
+    assert r.status_code == 201
+    r = client.put(
+        "/v1/accounts/c", json={"kind": "user", "stripe_customer_id": "cus_Y"}, headers=keys["product"]
+    )
+    assert_error(r, 409, "customer_already_linked")
+    claims = conn.execute("SELECT customer_id, account_id FROM stripe_customers ORDER BY 1").fetchall()
+    assert claims == [("cus_X", "b"), ("cus_Y", "a")]
+
+
 INVALID_PUTS = [
     ({}, "kind"),
     ({"kind": "robot"}, "kind"),

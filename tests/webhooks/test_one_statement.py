@@ -5,10 +5,13 @@ delivery runs on the locked path. Real connections, real row locks, signed deliv
 
 from __future__ import annotations
 
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+from psycopg import pq
 
 from service.billing import inbox
 from service.billing.events import Envelope
@@ -93,6 +96,41 @@ def test_a_subscription_event_is_one_statement_that_bumps_the_version(conn: Any,
 
     assert (receipt.status, receipt.duplicate, receipt.locked) == ("applied", False, False)
     assert account_row(conn) == ("pro", "active", before[2] + 1)
+
+
+def round_trips(conn: Any, work: Callable[[], object]) -> int:
+    """How many statements `work` sends on `conn` (libpq's trace of the messages it sends: a Sync ends
+    each extended-protocol statement, a Query is one simple one)."""
+    with tempfile.TemporaryFile("w+") as trace:
+        conn.pgconn.trace(trace.fileno())
+        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        try:
+            work()
+        finally:
+            conn.pgconn.untrace()
+        trace.seek(0)
+        sent = [line.rstrip("\n").split("\t") for line in trace]
+    return sum(1 for m in sent if len(m) > 2 and m[0] == "F" and m[2] in ("Sync", "Query"))
+
+
+def test_a_delivery_naming_its_account_is_one_statement_and_one_found_by_its_customer_two(
+    conn: Any, plans: PlanConfig
+) -> None:
+    """The account's part of a delivery names its account (one shard on Citus). An event that names
+    an existing account is that account, so the delivery stays one statement; one found by its
+    customer (or subscription) reads the billing tables first: a second statement."""
+    upsert_account(conn, plans, account_id=ACCOUNT, kind="user", stripe_customer_id="cus_found")
+    t = now() - 10
+    named = event("evt_named", t)
+    by_customer = stripe_subscription_event(
+        event_id="evt_by_customer", created=t + 1, account_id=None, customer="cus_found"
+    )
+
+    assert round_trips(conn, lambda: receive(conn, plans, named)) == 1
+    assert round_trips(conn, lambda: receive(conn, plans, by_customer)) == 2
+    assert account_row(conn)[:2] == ("pro", "active")
+    statuses = conn.execute("SELECT event_id, status, account_id FROM webhook_events ORDER BY id").fetchall()
+    assert statuses == [("evt_named", "applied", ACCOUNT), ("evt_by_customer", "applied", ACCOUNT)]
 
 
 def test_a_stale_or_duplicate_delivery_changes_nothing(conn: Any, plans: PlanConfig) -> None:
