@@ -293,3 +293,42 @@ def test_each_plan_sync_batch_locks_one_shard(conn, plans):
             "lapsed": [False] * len(ids),
         }
         _assert_one_shard_per_step(conn, _explain(conn, "plan_sync_diff", {**targets, "group_ids": ids}))
+
+
+# Why the take is not a delegated function yet (README "Scaling out", "One round trip per take"):
+# what Citus does with one, held here so that a Citus upgrade that changes it shows.
+_PROBE = """
+CREATE FUNCTION take_probe(p_account_id text, OUT id bigint) LANGUAGE plpgsql AS $$
+BEGIN
+    id := nextval('ledger_id_seq');
+END
+$$;
+SELECT create_distributed_function('take_probe(text)', 'p_account_id', colocate_with := 'quotas');
+"""
+
+
+def test_the_take_statement_cannot_be_one_router_task(conn):
+    """Even with the ledger INSERT's account a parameter, an INSERT ... SELECT from a modifying CTE
+    is planned as steps; and a routed UPDATE may not draw the chain's id (a volatile function)."""
+    assert "Distributed Subplan" in _explain(conn, "take")
+    with pytest.raises(psycopg.Error, match="must not be VOLATILE"):
+        conn.execute("UPDATE quotas SET chain_id = nextval('ledger_id_seq') WHERE account_id = 'acc-1'")
+
+
+def test_a_delegated_function_runs_on_the_accounts_worker_and_draws_ids_from_its_range(conn, plans):
+    account = new_account(conn, plans)
+    conn.execute(_PROBE)
+    with psycopg.ClientCursor(conn) as cur:
+        plan = "\n".join(
+            r[0] for r in cur.execute("EXPLAIN (COSTS OFF) SELECT * FROM take_probe(%s)", (account,))
+        )
+        assert "Task Count: 1" in plan and "Function Scan on take_probe" in plan, plan
+        # a volatile argument (the coordinator's id) is evaluated there instead: not delegated
+        volatile = "EXPLAIN (COSTS OFF) SELECT * FROM take_probe(%s || nextval('ledger_id_seq'))"
+        assert "Task Count" not in "\n".join(r[0] for r in cur.execute(volatile, (account,)))
+    worker_id = conn.execute("SELECT id FROM take_probe(%s)", (account,)).fetchone()[0]
+    coordinator_id = conn.execute("SELECT nextval('ledger_id_seq')").fetchone()[0]
+    # Each worker draws from its own range (group g from g * 2^48 + 1), the coordinator from 1:
+    # a counter's chain written on its worker would refuse every id drawn on the coordinator, and
+    # every id drawn on a worker of a lower group after its shard moved there.
+    assert worker_id > 2**48 > coordinator_id

@@ -1,0 +1,219 @@
+"""The take statement against candidate take functions (bench/take_fn_candidates.sql): the database
+side's CPU per take, side by side, alternating, in the same run, on the same PostgreSQL.
+
+    python bench/take_fn_ab.py [--db bench_fn_ab] [--reps 8] [--takes 5000] [--sides statement,...]
+    python bench/take_fn_ab.py --cluster [--reps 4] [--seconds 6]     # throughput, one PostgreSQL vs Citus
+
+Sets up the scratch database `--db` on the server named by DATABASE_URL (our migrations, 100,000
+accounts, as bench/take_bench.py does) and creates the candidate functions there. Each repetition
+runs every side in turn (the order rotates per repetition): `--takes` takes, each on a random
+account, from one connection with prepared statements, and reads that connection's server process
+CPU time (/proc/<pid>/stat, so the server must run on this machine) before and after. CPU time,
+not throughput: on a shared machine a side's wall time moves with everyone else's load, its own
+CPU per take much less. Prints every run, then per side the median CPU per take and the median
+of the per-repetition ratios to the first side, and the load average at the start and the end.
+
+--cluster: throughput instead, `pgbench -M prepared -c 8 -j 2` per side, on `--db` and on the same
+database on a local Citus cluster (tests/citus/cluster.py, started in a temporary folder and
+stopped after), where the candidate functions are distributed by account (co-located with quotas)
+so that Citus delegates each call to the worker holding the account. On the cluster the sides take
+disjoint accounts: a function draws its ledger ids from its worker's range of ledger_id_seq, the
+statement from the coordinator's, and a counter's chain refuses an id older than its head
+(migrations/0012). Prints per side and server the median takes/s and the median ratio to the
+statement on one PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+import psycopg  # noqa: E402
+from common import server_urls, with_database  # noqa: E402
+from take_bench import (  # noqa: E402
+    ACCOUNTS,
+    METRIC,
+    account_name,
+    our_take_script,
+    run_pgbench,
+    seed_service_database,
+    service_database,
+)
+
+from service.db import Q  # noqa: E402
+from service.quota import periods  # noqa: E402
+
+CANDIDATES = HERE / "take_fn_candidates.sql"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def backend_cpu(pid: int) -> float:
+    """User + system CPU seconds of server process `pid` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def statement(side: str) -> str:
+    if side == "statement":
+        return Q.take
+    return (
+        f"SELECT * FROM {side}(%(account_id)s, %(metric)s, %(units)s, %(period)s, "
+        "%(idempotency_key)s, %(actor)s)"
+    )
+
+
+def run_side(url: str, side: str, takes: int, seed: int) -> float:
+    """CPU seconds per take of the server process that ran `takes` takes of `side`."""
+    rnd = random.Random(seed)
+    sql = statement(side)
+    params = {
+        "metric": METRIC,
+        "units": 1,
+        "period": periods.current_period(),
+        "idempotency_key": None,
+        "actor": "bench",
+    }
+    with psycopg.connect(url, autocommit=True, prepare_threshold=0) as conn:
+        pid = conn.info.backend_pid
+        for _ in range(50):  # prepared and planned before the clock starts
+            conn.execute(sql, {**params, "account_id": account_name(rnd.randint(1, ACCOUNTS))}).fetchone()
+        cpu0 = backend_cpu(pid)
+        for _ in range(takes):
+            account = account_name(rnd.randint(1, ACCOUNTS))
+            row = conn.execute(sql, {**params, "account_id": account}).fetchone()
+            assert row is not None and row[0] is not None, row
+        return (backend_cpu(pid) - cpu0) / takes
+
+
+def pgbench_script(tmp: Path, side: str, first: int, last: int) -> Path:
+    """`side` as a pgbench script taking on a random account among acct-<first>..acct-<last>."""
+    if side == "statement":
+        body = our_take_script(tmp, hot=False).read_text().split("\n", 1)[1]
+    else:
+        body = (
+            f"SELECT * FROM {side}(('acct-' || :aid), '{METRIC}', 1, '{periods.current_period()}', "
+            "NULL::text, 'bench');\n"
+        )
+    path = tmp / f"{side}_{first}_{last}.sql"
+    path.write_text(f"\\set aid random({first}, {last})\n" + body)
+    return path
+
+
+def distribute_candidates(url: str, sides: list[str]) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(CANDIDATES.read_text())
+        for side in sides:
+            if side != "statement":
+                conn.execute(
+                    "SELECT create_distributed_function(%s, 'p_account_id', colocate_with := 'quotas')",
+                    (f"{side}(text, text, bigint, text, text, text)",),
+                )
+
+
+def throughput(plain: str, sides: list[str], reps: int, seconds: float) -> None:
+    """Takes/s of every side on one PostgreSQL and on a local Citus cluster, in the same run."""
+    import tempfile
+
+    from tests.citus import cluster as citus
+
+    reason = citus.unavailable_reason()
+    if reason:
+        raise SystemExit(f"no local Citus cluster here: {reason}")
+    tmp = Path(tempfile.mkdtemp(prefix="bench-take-fn-"))
+    cluster = citus.start()
+    try:
+        sharded = seed_service_database(cluster.create_database("bench_fn_ab"))
+        distribute_candidates(sharded, sides)
+        share = ACCOUNTS // len(sides)
+        runs = [("one", s, plain, pgbench_script(tmp, s, 1, ACCOUNTS)) for s in sides] + [
+            ("cluster", s, sharded, pgbench_script(tmp, s, 1 + i * share, (i + 1) * share))
+            for i, s in enumerate(sides)
+        ]
+        tps: dict[tuple[str, str], list[float]] = {(where, s): [] for where, s, _, _ in runs}
+        ratios: dict[tuple[str, str], list[float]] = {key: [] for key in tps}
+        load0 = os.getloadavg()
+        for rep in range(reps):
+            order = runs[rep % len(runs) :] + runs[: rep % len(runs)]
+            got = {
+                (where, s): run_pgbench(url, str(f), clients=8, seconds=seconds, mode="prepared")[0]
+                for where, s, url, f in order
+            }
+            for key, value in got.items():
+                tps[key].append(value)
+                ratios[key].append(value / got[("one", "statement")])
+            print(
+                f"rep {rep + 1} (load {os.getloadavg()[0]:.1f}): "
+                + ", ".join(f"{where} {s} {got[(where, s)]:,.0f}/s" for where, s, _, _ in runs),
+                flush=True,
+            )
+        print(
+            f"\ntakes/s, pgbench -M prepared -c 8, median of {reps} (load average {load0[0]:.1f} at start, "
+            f"{os.getloadavg()[0]:.1f} at end); ratio: to the statement on one PostgreSQL, same repetition"
+        )
+        for key in tps:
+            print(
+                f"  {key[0]} {key[1]}: {statistics.median(tps[key]):,.0f}/s, ratio median "
+                f"{statistics.median(ratios[key]):.2f} (runs {', '.join(f'{r:.2f}' for r in ratios[key])})"
+            )
+    finally:
+        citus.destroy(cluster)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--db", default="bench_fn_ab", help="scratch database (%(default)s)")
+    ap.add_argument("--reps", type=int, default=8)
+    ap.add_argument("--takes", type=int, default=5000, help="takes per side per repetition")
+    ap.add_argument("--sides", default="statement,take_fn_cte,take_fn_locked", help="the first is the base")
+    ap.add_argument("--no-setup", action="store_true", help="reuse --db as it is")
+    ap.add_argument("--cluster", action="store_true", help="throughput on one PostgreSQL and on Citus")
+    ap.add_argument("--seconds", type=float, default=6, help="per pgbench run, with --cluster")
+    args = ap.parse_args(argv)
+    pg, _ = server_urls(ap)
+    url = with_database(pg, args.db) if args.no_setup else service_database(pg, args.db)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(CANDIDATES.read_text())  # a trusted file of ours, with no parameters
+    sides = args.sides.split(",")
+    if args.cluster:
+        throughput(url, sides, args.reps, args.seconds)
+        return 0
+    load0 = os.getloadavg()
+    cpu: dict[str, list[float]] = {s: [] for s in sides}
+    ratios: dict[str, list[float]] = {s: [] for s in sides[1:]}
+    for rep in range(args.reps):
+        order = sides[rep % len(sides) :] + sides[: rep % len(sides)]
+        got = {side: run_side(url, side, args.takes, seed=rep) for side in order}
+        for side in sides:
+            cpu[side].append(got[side])
+        for side in sides[1:]:
+            ratios[side].append(got[side] / got[sides[0]])
+        print(
+            f"rep {rep + 1} (load {os.getloadavg()[0]:.1f}): "
+            + ", ".join(f"{s} {got[s] * 1e6:.0f} us" for s in sides),
+            flush=True,
+        )
+    print(
+        f"\nserver CPU per take, median of {args.reps} (load average {load0[0]:.1f} at start, "
+        f"{os.getloadavg()[0]:.1f} at end):"
+    )
+    for side in sides:
+        line = f"  {side}: {statistics.median(cpu[side]) * 1e6:.0f} us"
+        if side in ratios:
+            line += (
+                f", / {sides[0]} median {statistics.median(ratios[side]):.3f}"
+                f" (runs {', '.join(f'{r:.2f}' for r in ratios[side])})"
+            )
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
