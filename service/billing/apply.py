@@ -193,7 +193,11 @@ def delivery_params(
     account_id: str | None,
     resolved: bool,
 ) -> dict[str, object]:
-    """subscription_delivery's parameters (see deliver_subscription)."""
+    """subscription_delivery's parameters: store (if `store`) and apply `change` for `account_id`.
+    `resolved` says the caller found the account (find_account_for; None: unmatched); otherwise
+    `account_id` is the first id the event names, and status UNRESOLVED answers that no such account
+    exists (nothing written). `locked` says the caller holds the account's lock (resolve_account), so
+    a subscription may move here, and the caller then recomputes `moved_from`."""
     plan = plan_for(plans, change.plan_keys)
     note = None
     if plan is None and change.plan_keys != PlanKeys():
@@ -226,35 +230,10 @@ def delivery_params(
     }
 
 
-def deliver_subscription(
-    conn: Connection,
-    plans: PlanConfig,
-    env: Envelope,
-    change: SubscriptionChange,
-    *,
-    actor: str,
-    store: bool,
-    locked: bool,
-    account_id: str | None,
-    resolved: bool,
-) -> Delivered:
-    """Run subscription_delivery for `account_id`: store (if `store`) and apply `change` in one
-    statement. `resolved` says the caller found the account (find_account_for; None: unmatched);
-    otherwise `account_id` is the first id the event names, and status UNRESOLVED answers that no
-    such account exists (nothing written). Raises psycopg's SerializationFailure when it cannot
-    decide alone (see the statement); `locked` says the caller holds the account's lock
-    (resolve_account), so a subscription may move here, and the caller then recomputes
-    `moved_from`."""
-    params = delivery_params(
-        plans,
-        env,
-        change,
-        actor=actor,
-        store=store,
-        locked=locked,
-        account_id=account_id,
-        resolved=resolved,
-    )
+def deliver_subscription(conn: Connection, params: dict[str, object]) -> Delivered:
+    """Run subscription_delivery with `params` (delivery_params): store and apply the change in one
+    statement. Raises psycopg's SerializationFailure when it cannot decide alone (see the
+    statement)."""
     with psycopg.RawCursor(conn) as cur:
         row = _DELIVERY.execute(cur, params).fetchone()
     assert row is not None  # the statement always answers one row
@@ -284,8 +263,7 @@ def deliver_subscription_locked(
     """subscription_delivery for a caller that holds `account`'s lock (resolve_account; None:
     unmatched): a subscription may move here, and its previous owner's tier and status are then
     recomputed."""
-    done = deliver_subscription(
-        conn,
+    params = delivery_params(
         plans,
         env,
         change,
@@ -295,6 +273,7 @@ def deliver_subscription_locked(
         account_id=account.id if account else None,
         resolved=True,
     )
+    done = deliver_subscription(conn, params)
     if done.moved_from is not None:
         follow_subscriptions(conn, plans, {done.moved_from}, actor=actor)
     return done

@@ -59,6 +59,7 @@ from service.billing.apply import (
     apply_change,
     deliver_subscription,
     deliver_subscription_locked,
+    delivery_params,
     find_account_for,
     lookup,
     lookup_params,
@@ -190,8 +191,7 @@ def _in_one_statement(
     a failure into a `failed` row."""
 
     def deliver(account_id: str | None, *, resolved: bool) -> Delivered:
-        return deliver_subscription(
-            conn,
+        params = delivery_params(
             plans,
             env,
             change,
@@ -201,6 +201,7 @@ def _in_one_statement(
             account_id=account_id,
             resolved=resolved,
         )
+        return deliver_subscription(conn, params)
 
     try:
         done = deliver(change.account_ids[0], resolved=False) if change.account_ids else None
