@@ -36,10 +36,6 @@ CLUSTER_SUITE = (
 # Citus"). A module is skipped there (its statements are refused outright; running them would only
 # make the cluster run longer); a test is marked xfail(strict), so that one that starts passing
 # fails the run until it leaves this list.
-_SET_ROLE = (
-    "SET ROLE to the NOLOGIN group quota_app: Citus opens the shards' connections as the current role, "
-    "which may not log in (the service's login role works: tests/citus)"
-)
 _DELIVERY = (
     "the delivery statement (subscription_delivery) names its account since 0013, but Citus 13.2 cannot "
     "run its chain of CTEs yet: it refuses billing_deciding_subscription (an SQL function reading a "
@@ -51,9 +47,6 @@ CLUSTER_GAPS: dict[str, str] = {
     "tests/webhooks/test_ordering.py": _DELIVERY,
     "tests/webhooks/test_replay.py": _DELIVERY,
     "tests/citus/test_cluster.py::test_a_webhook_delivery_touches_its_accounts_shard_alone": _DELIVERY,
-    "tests/db/test_append_only.py::test_application_role_lacks_the_privilege": _SET_ROLE,
-    "tests/db/test_append_only.py::test_application_role_can_read_and_append": _SET_ROLE,
-    "tests/db/test_chain.py::test_every_writer_chains_as_the_application_role": _SET_ROLE,
 }
 
 

@@ -3,15 +3,18 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from tests.conftest import connect as connect_db
 from tests.conftest import with_database
 
 THREADS = 50
+Conn = psycopg.Connection[Any]
 
 
 @pytest.fixture
@@ -39,3 +42,20 @@ def empty_db(pg_url: str) -> Iterator[str]:
     yield with_database(pg_url, name)
     with psycopg.connect(pg_url, autocommit=True) as c:
         c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def as_service(app_role: tuple[str, str]) -> Callable[[Conn], AbstractContextManager[None]]:
+    """as_service(conn): a block run as the service's login role (a member of quota_app, nothing
+    more), the privileges the service has. Not `SET ROLE quota_app`: on Citus the coordinator opens
+    the shards' connections as the current role, and the NOLOGIN group cannot log in."""
+
+    @contextmanager
+    def as_service(conn: Conn) -> Iterator[None]:
+        conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(app_role[0])))
+        try:
+            yield
+        finally:
+            conn.execute("RESET ROLE")
+
+    return as_service

@@ -56,37 +56,34 @@ def test_trigger_refuses_even_a_superuser(filled, subtests):
                 assert _snapshot(filled) == before
 
 
-def test_application_role_lacks_the_privilege(filled, subtests):
-    """Even with the triggers dropped, quota_app may not change a row."""
+def test_application_role_lacks_the_privilege(filled, as_service, subtests):
+    """Even with the triggers dropped, the service's role (quota_app) may not change a row."""
     before = _snapshot(filled)
+    # Citus changes triggers of distributed tables only when told to (migrations/0012); on one
+    # PostgreSQL the setting is an unused placeholder.
+    filled.execute("SET citus.enable_unsafe_triggers = on")
     for t in TABLES:
         filled.execute(f"DROP TRIGGER {t}_append_only ON {t}")
         filled.execute(f"DROP TRIGGER {t}_no_truncate ON {t}")
     for table in TABLES:
         for change, sql in CHANGES.items():
             with subtests.test(table=table, change=change):
-                filled.execute("SET ROLE quota_app")
-                try:
-                    with pytest.raises(
-                        psycopg.errors.InsufficientPrivilege, match=f"permission denied for table {table}"
-                    ):
-                        filled.execute(sql.format(t=table))
-                finally:
-                    filled.execute("RESET ROLE")
+                refused = pytest.raises(
+                    psycopg.errors.InsufficientPrivilege, match=f"permission denied for table {table}"
+                )
+                with as_service(filled), refused:
+                    filled.execute(sql.format(t=table))
                 assert _snapshot(filled) == before
     filled.execute("UPDATE ledger SET actor = actor")  # the triggers really are gone: only privileges held
 
 
-def test_application_role_can_read_and_append(filled, plans):
-    filled.execute("SET ROLE quota_app")
-    try:
+def test_application_role_can_read_and_append(filled, as_service, plans):
+    with as_service(filled):
         account = new_account(filled, plans)
         t = takes.take(filled, plans, account_id=account, metric="urls", actor="t")
         assert takes.release(filled, take_id=t.take_id, actor="t").released
         filled.execute("INSERT INTO audit_log (actor, action) VALUES ('t', 'y')")
         assert filled.execute("SELECT count(*) FROM ledger").fetchone()[0] == 3
-    finally:
-        filled.execute("RESET ROLE")
 
 
 def test_the_login_role_cannot_change_the_append_only_tables(filled, app_db_url, subtests):

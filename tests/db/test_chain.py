@@ -175,24 +175,18 @@ def test_admin_reset_chains(conn: Any, plans: Any) -> None:
     assert [(r.kind, r.units, r.actor) for r in got] == expected
 
 
-def test_every_writer_chains_as_the_application_role(conn: Any, plans: Any) -> None:
+def test_every_writer_chains_as_the_application_role(conn: Any, plans: Any, as_service: Any) -> None:
     """quota_app may only SELECT and INSERT on the ledger; drawing the row's id needs the sequence."""
     account = new_account(conn, plans)
-    conn.execute("SET ROLE quota_app")
-    try:
+    with as_service(conn):
         t = takes.take(conn, plans, account_id=account, metric=METRIC, units=2, actor="t")
         takes.release(conn, take_id=t.take_id, actor="t")
         takes.take(conn, plans, account_id=account, metric=METRIC, actor="t")
         admin.reset_counter(conn, plans, account_id=account, metric=METRIC, actor="ops")
         takes.take(conn, plans, account_id=account, metric=METRIC, actor="t")
-    finally:
-        conn.execute("RESET ROLE")
     set_period(conn, account, METRIC, EARLIER)
-    conn.execute("SET ROLE quota_app")
-    try:
+    with as_service(conn):
         assert reset.reset_month(conn, period=PERIOD).status == "done"
-    finally:
-        conn.execute("RESET ROLE")
     assert len(assert_chained(conn, account)) == 6
     assert chain.verify(conn).ok
 
