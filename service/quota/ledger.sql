@@ -1,9 +1,10 @@
 -- Finance reads of the ledger and the audit log (service/quota/ledger.py).
 
 -- name: ledger_page
--- Newest-last page after a cursor (the last id seen). Filters are optional.
+-- A page after a cursor (the last id seen), in id order: a stable order to page by. Ids are unique
+-- but not a counter's chain order (on Citus each node draws from its own range): seq is.
 SELECT id, at, account_id, metric, period, kind, units, used_after, lim, take_id, idempotency_key, actor,
-       prev_hash, hash
+       prev_hash, hash, seq
   FROM ledger
  WHERE id > %(after)s
    AND (%(account_id)s::text IS NULL OR account_id = %(account_id)s)
@@ -15,7 +16,7 @@ SELECT id, at, account_id, metric, period, kind, units, used_after, lim, take_id
 
 -- name: ledger_period_rows
 SELECT id, at, account_id, metric, period, kind, units, used_after, lim, take_id, idempotency_key, actor,
-       prev_hash, hash
+       prev_hash, hash, seq
   FROM ledger
  WHERE period = %(period)s
  ORDER BY id
@@ -31,15 +32,15 @@ SELECT id, at, account_id, metric, period, kind, units, used_after, lim, take_id
 -- a planner expecting one row runs as a nested loop: quadratic), then a FULL JOIN, which Postgres
 -- can only run as a hash or merge join.
 WITH rows AS (
-    SELECT account_id, metric, id, kind, units, used_after,
-           max(id) FILTER (WHERE kind = 'reset') OVER (PARTITION BY account_id, metric) AS reset_id
+    SELECT account_id, metric, seq, kind, units, used_after,
+           max(seq) FILTER (WHERE kind = 'reset') OVER (PARTITION BY account_id, metric) AS reset_seq
       FROM ledger
      WHERE period = %(period)s
 ), sums AS (
     SELECT account_id, metric,
            coalesce(sum(CASE kind WHEN 'take' THEN units WHEN 'release' THEN -units ELSE 0 END)
-                        FILTER (WHERE id > coalesce(reset_id, 0)), 0)::bigint AS ledger_used,
-           (array_agg(used_after ORDER BY id DESC))[1] AS last_used_after
+                        FILTER (WHERE seq > coalesce(reset_seq, 0)), 0)::bigint AS ledger_used,
+           (array_agg(used_after ORDER BY seq DESC))[1] AS last_used_after
       FROM rows
      GROUP BY account_id, metric
 ), counters AS (

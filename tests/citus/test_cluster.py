@@ -197,20 +197,6 @@ def test_the_login_role_takes_and_releases_on_the_cluster(conn, app_db_url, plan
             app.execute("UPDATE ledger SET actor = 'x'")
 
 
-def test_a_stale_ledger_id_is_refused_and_drawn_again(conn, plans):
-    """Citus draws a writer's ledger id before the row lock: an id older than the counter's head is
-    refused (quotas_chain_in_id_order), and `redrawn` runs the statement again with a new one."""
-    account = new_account(conn, plans)
-    takes.take(conn, plans, account_id=account, metric="urls", actor="t")
-    head = conn.execute(
-        "SELECT chain_id FROM quotas WHERE account_id = %s AND metric = 'urls'", (account,)
-    ).fetchone()[0]
-    with pytest.raises(psycopg.errors.SerializationFailure):
-        conn.execute(
-            "UPDATE quotas SET chain_id = %s WHERE account_id = %s AND metric = 'urls'", (head - 1, account)
-        )
-
-
 # --- cross-account jobs: batches of one shard --------------------------------------------------------
 
 EARLIER = "2001-01"
