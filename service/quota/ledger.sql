@@ -15,11 +15,14 @@ SELECT id, at, account_id, metric, period, kind, units, used_after, lim, take_id
  LIMIT %(limit)s
 
 -- name: ledger_period_rows
+-- A period's export, counter by counter in chain order (seq), so each row follows the row it links
+-- to: id order is not that order on Citus (a take's id is drawn on its worker, a release's on the
+-- coordinator).
 SELECT id, at, account_id, metric, period, kind, units, used_after, lim, take_id, idempotency_key, actor,
        prev_hash, hash, seq
   FROM ledger
  WHERE period = %(period)s
- ORDER BY id
+ ORDER BY account_id, metric, seq
 
 -- name: reconciliation
 -- Counter vs ledger for one period. For each counter: used must equal Σtake − Σrelease over the

@@ -135,12 +135,30 @@ def take(
 
 
 def _take(conn: Connection, attempt: _Attempt) -> Take | None:
-    """The hot path: one statement that moves the counter and writes its ledger row, or nothing."""
+    """The hot path: one statement that moves the counter and writes its ledger row, or nothing. On
+    Citus, the same take as one call that Citus delegates to the account's node (`take_delegated`:
+    the statement there is planned as coordinator steps, README "Scaling out")."""
+    delegated = on_citus(conn)
     try:
         with conn.cursor(row_factory=class_row(Take)) as cur:
-            return cur.execute(Q.take, vars(attempt)).fetchone()
+            granted = cur.execute(Q.take_delegated if delegated else Q.take, vars(attempt)).fetchone()
     except psycopg.errors.UniqueViolation:
         return None  # the key was taken by an earlier (or concurrent, now committed) take
+    return None if granted is None or granted.take_id is None else granted
+
+
+# Per database (host, port, name): whether it is a Citus cluster, asked on its first take.
+_ON_CITUS: dict[tuple[str, int, str], bool] = {}
+
+
+def on_citus(conn: Connection) -> bool:
+    """Whether `conn`'s database has the citus extension; asked once per database and process."""
+    key = (conn.info.host, conn.info.port, conn.info.dbname)
+    found = _ON_CITUS.get(key)
+    if found is None:
+        row = conn.execute(Q.on_citus).fetchone()
+        found = _ON_CITUS[key] = bool(row and row[0])
+    return found
 
 
 def _replay(conn: Connection, attempt: _Attempt) -> Take | None:

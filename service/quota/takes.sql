@@ -143,3 +143,14 @@ SELECT t.account_id, t.period,
 -- The account of a take named by its id alone (the route without the account): on Citus, the one
 -- statement of a release that asks every shard, by the ledger_id index on each.
 SELECT account_id FROM ledger WHERE id = %(take_id)s AND kind = 'take'
+
+-- name: take_delegated
+-- The take as one call of take_delegated (migrations/repeatable/take_delegated.sql), which Citus
+-- delegates to the account's node; the service uses it on a Citus cluster only. A refused take
+-- returns one row of NULLs.
+SELECT * FROM take_delegated(%(account_id)s::text, %(metric)s::text, %(units)s::bigint, %(period)s::text,
+                             %(idempotency_key)s::text, %(actor)s::text)
+
+-- name: on_citus
+-- Whether this database is a Citus cluster: asked once per database by the service.
+SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus') AS on_citus

@@ -83,7 +83,9 @@ def test_reconcile_command(conn: Any, db_url: str, plans: Any) -> None:
 
 def _period_rows(conn: Any) -> list[dict[str, Any]]:
     with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute("SELECT * FROM ledger WHERE period = %s ORDER BY id", (PERIOD,)).fetchall()
+        return cur.execute(
+            "SELECT * FROM ledger WHERE period = %s ORDER BY account_id, metric, seq", (PERIOD,)
+        ).fetchall()
 
 
 def test_export_command_equals_the_periods_rows(conn: Any, db_url: str, plans: Any, tmp_path: Any) -> None:
