@@ -46,20 +46,20 @@ ROWS_PER_COUNTER = 10
 STEP = """
 WITH drawn AS (
     SELECT account_id, nextval('ledger_id_seq') AS id, clock_timestamp() AS at, hash AS prev,
-           used + 1 AS used_after
+           used + 1 AS used_after, seq + 1 AS seq
       FROM heads
 ), written AS (
-    INSERT INTO ledger (id, at, account_id, metric, period, kind, units, used_after, lim, limit_source,
+    INSERT INTO ledger (id, at, seq, account_id, metric, period, kind, units, used_after, lim, limit_source,
                         actor, prev_hash, hash)
     OVERRIDING SYSTEM VALUE
-    SELECT id, at, account_id, 'urls', %(period)s, 'take', 1, used_after, NULL, 'plan', 'bench', prev,
+    SELECT id, at, seq, account_id, 'urls', %(period)s, 'take', 1, used_after, NULL, 'plan', 'bench', prev,
            ledger_hash(prev, id, at, account_id, 'urls', %(period)s, 'take', 1, used_after, NULL, NULL, NULL,
                        'bench')
       FROM drawn
- RETURNING account_id, id, at, prev_hash, hash, used_after
+ RETURNING account_id, id, at, seq, prev_hash, hash, used_after
 )
 UPDATE heads h
-   SET id = w.id, at = w.at, prev = w.prev_hash, hash = w.hash, used = w.used_after
+   SET id = w.id, at = w.at, seq = w.seq, prev = w.prev_hash, hash = w.hash, used = w.used_after
   FROM written w
  WHERE h.account_id = w.account_id
 """
@@ -78,7 +78,7 @@ def seed(pg: str, rows: int) -> str:
         )
         conn.execute(
             "CREATE TEMP TABLE heads (account_id text PRIMARY KEY, id bigint, at timestamptz, prev bytea,"
-            " hash bytea, used bigint NOT NULL DEFAULT 0)"
+            " hash bytea, used bigint NOT NULL DEFAULT 0, seq bigint NOT NULL DEFAULT 0)"
         )
         conn.execute(
             "INSERT INTO heads (account_id) SELECT 'acct-' || g FROM generate_series(1, %s) g", (counters,)
@@ -88,8 +88,8 @@ def seed(pg: str, rows: int) -> str:
             print(f"  seeded {(step + 1) * counters:,} rows", file=sys.stderr, flush=True)
         conn.execute(
             "INSERT INTO quotas (account_id, metric, plan_limit, free_limit, period, used,"
-            "                    chain_id, chain_at, chain_prev, chain_hash)"
-            " SELECT account_id, 'urls', NULL, NULL, %s, used, id, at, prev, hash FROM heads",
+            "                    chain_id, chain_at, chain_seq, chain_prev, chain_hash)"
+            " SELECT account_id, 'urls', NULL, NULL, %s, used, id, at, seq, prev, hash FROM heads",
             (period,),
         )
         conn.execute("VACUUM ANALYZE")

@@ -1,5 +1,6 @@
-"""The take statement against candidate take functions (bench/take_fn_candidates.sql): the database
-side's CPU per take, side by side, alternating, in the same run, on the same PostgreSQL.
+"""The take statement against take functions (the service's take_delegated, migrations/repeatable/
+take_delegated.sql, and the candidates of bench/take_fn_candidates.sql): the database side's CPU per
+take, side by side, alternating, in the same run, on the same PostgreSQL.
 
     python bench/take_fn_ab.py [--db bench_fn_ab] [--reps 8] [--takes 5000] [--sides statement,...]
     python bench/take_fn_ab.py --cluster [--reps 4] [--seconds 6]     # throughput, one PostgreSQL vs Citus
@@ -16,11 +17,10 @@ of the per-repetition ratios to the first side, and the load average at the star
 --cluster: throughput instead, `pgbench -M prepared -c 8 -j 2` per side, on `--db` and on the same
 database on a local Citus cluster (tests/citus/cluster.py, started in a temporary folder and
 stopped after), where the candidate functions are distributed by account (co-located with quotas)
-so that Citus delegates each call to the worker holding the account. On the cluster the sides take
-disjoint accounts: a function draws its ledger ids from its worker's range of ledger_id_seq, the
-statement from the coordinator's, and a counter's chain refuses an id older than its head
-(migrations/0012). Prints per side and server the median takes/s and the median ratio to the
-statement on one PostgreSQL.
+so that Citus delegates each call to the worker holding the account (take_delegated is distributed
+by migrate). On the cluster the sides take disjoint accounts, so that one side's takes never wait
+on another's row locks (ids no longer matter: the chain is ordered by seq, migrations/0015). Prints
+per side and server the median takes/s and the median ratio to the statement on one PostgreSQL.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def distribute_candidates(url: str, sides: list[str]) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(CANDIDATES.read_text())
         for side in sides:
-            if side != "statement":
+            if side not in ("statement", "take_delegated"):  # migrate distributed take_delegated
                 conn.execute(
                     "SELECT create_distributed_function(%s, 'p_account_id', colocate_with := 'quotas')",
                     (f"{side}(text, text, bigint, text, text, text)",),
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--db", default="bench_fn_ab", help="scratch database (%(default)s)")
     ap.add_argument("--reps", type=int, default=8)
     ap.add_argument("--takes", type=int, default=5000, help="takes per side per repetition")
-    ap.add_argument("--sides", default="statement,take_fn_cte,take_fn_locked", help="the first is the base")
+    ap.add_argument("--sides", default="statement,take_delegated,take_fn_cte", help="the first is the base")
     ap.add_argument("--no-setup", action="store_true", help="reuse --db as it is")
     ap.add_argument("--cluster", action="store_true", help="throughput on one PostgreSQL and on Citus")
     ap.add_argument("--seconds", type=float, default=6, help="per pgbench run, with --cluster")

@@ -1,5 +1,6 @@
 -- Candidate shapes of the take as a function, for bench/take_fn_ab.py and the Citus evaluation
--- (README "Scaling out", "Delegating the take"). Not used by the service. Parameters and result as
+-- (README "Scaling out", "Delegating the take"). Not used by the service: what it runs on Citus is
+-- take_delegated (migrations/repeatable/take_delegated.sql), take_fn_locked with the chain position. Parameters and result as
 -- service/quota/takes.sql `take`; a refused take returns one row of NULLs (a function distributed
 -- by Citus is delegated only when called as `SELECT * FROM f(constants)`, with no WHERE).
 --
@@ -13,7 +14,7 @@ LANGUAGE plpgsql AS $f$
 BEGIN
 WITH granted AS (
     UPDATE quotas q
-       SET used = q.used + p_units,
+       SET used = q.used + p_units, chain_seq = q.chain_seq + 1,
            (chain_prev, chain_id, chain_at, chain_hash) = (
                SELECT q.chain_hash, e.id, e.at,
                       ledger_hash(q.chain_hash, e.id, e.at, q.account_id, q.metric,
@@ -23,12 +24,12 @@ WITH granted AS (
      WHERE q.account_id = p_account_id AND q.metric = p_metric AND q.period = p_period
        AND NOT q.account_deleted
        AND (q.lim IS NULL OR q.used + p_units <= q.lim)
- RETURNING q.account_id, q.metric, q.period, q.used, q.lim, q.limit_source, q.chain_id, q.chain_at, q.chain_prev, q.chain_hash
+ RETURNING q.account_id, q.metric, q.period, q.used, q.lim, q.limit_source, q.chain_id, q.chain_at, q.chain_seq, q.chain_prev, q.chain_hash
 )
-INSERT INTO ledger (id, at, account_id, metric, period, kind, units, used_after, lim, limit_source,
+INSERT INTO ledger (id, at, seq, account_id, metric, period, kind, units, used_after, lim, limit_source,
                     idempotency_key, actor, prev_hash, hash)
 OVERRIDING SYSTEM VALUE
-SELECT g.chain_id, g.chain_at, g.account_id, g.metric, g.period, 'take', p_units, g.used, g.lim, g.limit_source,
+SELECT g.chain_id, g.chain_at, g.chain_seq, g.account_id, g.metric, g.period, 'take', p_units, g.used, g.lim, g.limit_source,
        p_idempotency_key, p_actor, g.chain_prev, g.chain_hash
   FROM granted g
 RETURNING ledger.id, ledger.metric, ledger.units, ledger.used_after, ledger.lim, ledger.period, ledger.limit_source
@@ -52,7 +53,7 @@ DECLARE
     v_hash bytea;
 BEGIN
     -- the row lock first: the limit is checked on the newest row version, and the id drawn after it
-    SELECT s.used, s.lim, s.limit_source, s.chain_hash INTO q
+    SELECT s.used, s.lim, s.limit_source, s.chain_hash, s.chain_seq INTO q
       FROM quotas s
      WHERE s.account_id = p_account_id AND s.metric = p_metric AND s.period = p_period
        AND NOT s.account_deleted AND (s.lim IS NULL OR s.used + p_units <= s.lim)
@@ -65,12 +66,12 @@ BEGIN
     v_hash := ledger_hash(q.chain_hash, v_id, v_at, p_account_id, p_metric, p_period, 'take', p_units,
                           q.used + p_units, q.lim, NULL, p_idempotency_key, p_actor);
     UPDATE quotas s
-       SET used = q.used + p_units, chain_prev = q.chain_hash, chain_id = v_id, chain_at = v_at, chain_hash = v_hash
+       SET used = q.used + p_units, chain_seq = q.chain_seq + 1, chain_prev = q.chain_hash, chain_id = v_id, chain_at = v_at, chain_hash = v_hash
      WHERE s.account_id = p_account_id AND s.metric = p_metric;
-    INSERT INTO ledger (id, at, account_id, metric, period, kind, units, used_after, lim, limit_source,
+    INSERT INTO ledger (id, at, seq, account_id, metric, period, kind, units, used_after, lim, limit_source,
                         idempotency_key, actor, prev_hash, hash)
     OVERRIDING SYSTEM VALUE
-    VALUES (v_id, v_at, p_account_id, p_metric, p_period, 'take', p_units, q.used + p_units, q.lim, q.limit_source,
+    VALUES (v_id, v_at, q.chain_seq + 1, p_account_id, p_metric, p_period, 'take', p_units, q.used + p_units, q.lim, q.limit_source,
             p_idempotency_key, p_actor, q.chain_hash, v_hash);
     take_id := v_id; metric := p_metric; units := p_units; used := q.used + p_units; "limit" := q.lim;
     period := p_period; limit_source := q.limit_source;

@@ -475,7 +475,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verify = ledger.add_parser("verify", help="walk every hash chain; exit 1 if a row or head is broken")
     verify.add_argument("--account", metavar="ID", help="only this account's counters")
-    verify.add_argument("--since", type=int, default=0, metavar="ID", help="only ledger rows with id >= ID")
+    verify.add_argument(
+        "--since",
+        type=int,
+        default=0,
+        metavar="ID",
+        help="each counter's chain from its first row with id >= ID",
+    )
     verify.set_defaults(func=cmd_ledger_verify)
     exp = ledger.add_parser("export", help="a period's ledger, streamed (the columns of /v1/ledger.csv)")
     exp.add_argument("--period", type=period_arg, required=True, metavar="YYYY-MM")

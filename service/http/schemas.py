@@ -339,6 +339,9 @@ class LedgerEntry(Schema):
         allow_none=True, metadata={"description": "hex; the hash of the counter's previous row"}
     )
     hash = fields.String(metadata={"description": "hex sha256 chaining this row (README: the hash chain)"})
+    seq = fields.Integer(
+        metadata={"description": "the row's position in its counter's chain (1, 2, 3 ...; not hashed)"}
+    )
 
 
 class AuditEntry(Schema):

@@ -11,7 +11,7 @@ from service.db import Connection, Q, transaction
 from service.errors import AccountDeleted
 from service.quota import periods
 from service.quota.accounts import ensure_quotas, find_account, require_metric
-from service.quota.takes import redrawn, roll_over
+from service.quota.takes import roll_over
 
 
 def reset_counter(
@@ -31,25 +31,21 @@ def reset_counter(
     if find_account(conn, account_id=account_id).deleted:
         raise AccountDeleted(f"account {account_id!r} was deleted")
     ensure_quotas(conn, plans, account_id=account_id, period=period)
-
-    def reset() -> int:
-        with transaction(conn), conn.cursor(row_factory=dict_row) as cur:
-            # A counter still in an earlier month is first opened into this one, as a take would.
-            roll_over(conn, account_id=account_id, metric=metric, period=period)
-            row = cur.execute(Q.admin_reset, params).fetchone()  # none: the counter held nothing
-            previous = int(row["previous"]) if row else 0
-            audit.record(
-                conn,
-                actor=actor,
-                action="counter_reset",
-                account_id=account_id,
-                metric=metric,
-                old={"used": previous, "period": period},
-                new={"used": 0, "period": period, "ledger_id": row["id"] if row else None},
-            )
-        return previous
-
-    return redrawn(reset)  # the whole transaction again, with new ledger ids (migrations/0012)
+    with transaction(conn), conn.cursor(row_factory=dict_row) as cur:
+        # A counter still in an earlier month is first opened into this one, as a take would.
+        roll_over(conn, account_id=account_id, metric=metric, period=period)
+        row = cur.execute(Q.admin_reset, params).fetchone()  # none: the counter held nothing
+        previous = int(row["previous"]) if row else 0
+        audit.record(
+            conn,
+            actor=actor,
+            action="counter_reset",
+            account_id=account_id,
+            metric=metric,
+            old={"used": previous, "period": period},
+            new={"used": 0, "period": period, "ledger_id": row["id"] if row else None},
+        )
+    return previous
 
 
 def soft_delete(conn: Connection, *, account_id: str, actor: str) -> bool:

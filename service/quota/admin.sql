@@ -10,7 +10,7 @@ WITH prior AS (
        FOR UPDATE
 ), cleared AS (
     UPDATE quotas q
-       SET used = 0,
+       SET used = 0, chain_seq = q.chain_seq + 1,
            (chain_prev, chain_id, chain_at, chain_hash) = (
                SELECT q.chain_hash, e.id, e.at,
                       ledger_hash(q.chain_hash, e.id, e.at, q.account_id, q.metric, %(period)s, 'reset',
@@ -18,11 +18,11 @@ WITH prior AS (
                  FROM (SELECT nextval('ledger_id_seq') AS id, clock_timestamp() AS at) AS e)
       FROM prior
      WHERE q.account_id = %(account_id)s AND q.account_id = prior.account_id AND q.metric = prior.metric
- RETURNING q.account_id, q.metric, prior.used AS previous, q.chain_id, q.chain_at, q.chain_prev, q.chain_hash
+ RETURNING q.account_id, q.metric, prior.used AS previous, q.chain_id, q.chain_at, q.chain_seq, q.chain_prev, q.chain_hash
 )
-INSERT INTO ledger (id, at, account_id, metric, period, kind, units, used_after, actor, prev_hash, hash)
+INSERT INTO ledger (id, at, seq, account_id, metric, period, kind, units, used_after, actor, prev_hash, hash)
 OVERRIDING SYSTEM VALUE
-SELECT chain_id, chain_at, account_id, metric, %(period)s, 'reset', previous, 0, %(actor)s, chain_prev, chain_hash
+SELECT chain_id, chain_at, chain_seq, account_id, metric, %(period)s, 'reset', previous, 0, %(actor)s, chain_prev, chain_hash
   FROM cleared
 RETURNING id, units AS previous
 

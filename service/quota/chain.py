@@ -1,9 +1,13 @@
 """The ledger's hash chain: its canonical form, and the walk that verifies it.
 
 Every ledger row carries `hash = sha256(prev_hash || canonical fields)`, where `prev_hash` is the
-hash of the previous row of the same counter (account, metric), NULL for a counter's first row; the
-counter's row in `quotas` holds the head (`chain_id`, `chain_hash`). The README ("The ledger's hash
-chain") documents the canonical form for finance's own tools.
+hash of the previous row of the same counter (account, metric), NULL for a counter's first row.
+A counter's rows are in chain order by `seq` (1, 2, 3 ..., migrations/0015), not by id: ids are only
+unique. The counter's row in `quotas` holds the head (`chain_id`, `chain_seq`, `chain_hash`). The
+README ("The ledger's hash chain") documents the canonical form for finance's own tools.
+
+`seq` is not hashed: the walk follows seq, so a row removed, inserted or moved breaks a prev_hash
+link (or, at the end, the head), and a seq rewritten alone leaves a gap or a repeat in 1, 2, 3 ...
 
 The writers compute the hash in SQL (`ledger_hash()`, migrations/0009). This module computes it
 again in Python on purpose: verification must not trust code stored in the database it checks
@@ -116,7 +120,8 @@ def _arithmetic_hint(prev: Any, row: Any) -> str:
 
 
 def _check(prev: Any, row: Any) -> str | None:
-    """What is wrong with `row` given the previous row of its counter (None: it is the first)."""
+    """What is wrong with `row` given the previous row of its counter in seq order (None: it is the
+    first, or the first after `since` with no row before it)."""
     if row.hash is None:
         return "no hash: written by a writer that does not chain"
     expected_prev = None if prev is None else prev.hash
@@ -129,6 +134,13 @@ def _check(prev: Any, row: Any) -> str | None:
         return (
             f"prev_hash {short(row.prev_hash)} is not the hash of the counter's previous row {prev.id} "
             f"({short(prev.hash)}): a row between them was removed or inserted, or a hash was rewritten"
+        )
+    expected_seq = 1 if prev is None else prev.seq + 1
+    if row.seq != expected_seq:
+        after = "as the counter's first row" if prev is None else f"after row {prev.id} (seq {prev.seq})"
+        return (
+            f"seq {row.seq} where {expected_seq} was expected {after}: the chain positions were rewritten, "
+            "or a row's position is repeated or missing"
         )
     computed = row_hash(row.prev_hash, row)
     if computed != row.hash:
@@ -146,9 +158,13 @@ def verify(
     since: int = 0,
     on_progress: Callable[[int], None] | None = None,
 ) -> Verification:
-    """Walk every counter's chain (or one account's; from ledger id `since` on), recomputing each
-    row's hash and its link to the previous row, then check every counter's head against its newest
-    row. One REPEATABLE READ snapshot for both, so concurrent takes cause no false finding."""
+    """Walk every counter's chain (or one account's) in seq order, recomputing each row's hash and
+    checking its link to, and position after, the previous row; then check every counter's head
+    against its last row. With `since`, each counter's chain is walked from its first row whose id
+    is >= `since` to its head (the row before it is read as the anchor, not checked): ids are unique
+    but, on Citus, not in write order across nodes, so `since` picks where each walk starts and the
+    rest of that chain is checked whatever its ids. One REPEATABLE READ snapshot for both, so
+    concurrent takes cause no false finding."""
     result = Verification()
     broken: set[str] = set()
     params = {"account_id": account_id, "since": since}
@@ -197,9 +213,10 @@ def verify(
                         metric=head.metric,
                         row_id=None,
                         problem=(
-                            f"the counter's head names row {head.chain_id} ({short(head.chain_hash)}) but "
-                            f"its newest row is {head.last_id} ({short(head.last_hash)}): rows were removed "
-                            "from the end of the chain, or the head was rewritten"
+                            f"the counter's head names row {head.chain_id} (seq {head.chain_seq}, "
+                            f"{short(head.chain_hash)}) but its last row is {head.last_id} (seq "
+                            f"{head.last_seq}, {short(head.last_hash)}): rows were removed from the end of "
+                            "the chain, or the head was rewritten"
                         ),
                     )
                 )

@@ -27,6 +27,7 @@ COLUMNS = (
     "actor",
     "prev_hash",
     "hash",
+    "seq",
 )
 ROWS_PER_CHUNK = 1000
 # OWASP's CSV-injection rule: a spreadsheet runs a cell that starts like a formula. The full-width
@@ -62,6 +63,7 @@ def record(e: LedgerEntry) -> dict[str, Any]:
         "actor": e.actor,
         "prev_hash": None if e.prev_hash is None else e.prev_hash.hex(),
         "hash": e.hash.hex(),
+        "seq": e.seq,
     }
 
 

@@ -30,6 +30,7 @@ class LedgerEntry:
     actor: str
     prev_hash: bytes | None  # the hash chain (service/quota/chain.py)
     hash: bytes
+    seq: int  # the row's position in its counter's chain: the order to check it in (not the id)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,9 +1,10 @@
 -- Finance reads of the ledger and the audit log (service/quota/ledger.py).
 
 -- name: ledger_page
--- Newest-last page after a cursor (the last id seen). Filters are optional.
+-- A page after a cursor (the last id seen), in id order: a stable order to page by. Ids are unique
+-- but not a counter's chain order (on Citus each node draws from its own range): seq is.
 SELECT id, at, account_id, metric, period, kind, units, used_after, lim, take_id, idempotency_key, actor,
-       prev_hash, hash
+       prev_hash, hash, seq
   FROM ledger
  WHERE id > %(after)s
    AND (%(account_id)s::text IS NULL OR account_id = %(account_id)s)
@@ -14,11 +15,14 @@ SELECT id, at, account_id, metric, period, kind, units, used_after, lim, take_id
  LIMIT %(limit)s
 
 -- name: ledger_period_rows
+-- A period's export, counter by counter in chain order (seq), so each row follows the row it links
+-- to: id order is not that order on Citus (a take's id is drawn on its worker, a release's on the
+-- coordinator).
 SELECT id, at, account_id, metric, period, kind, units, used_after, lim, take_id, idempotency_key, actor,
-       prev_hash, hash
+       prev_hash, hash, seq
   FROM ledger
  WHERE period = %(period)s
- ORDER BY id
+ ORDER BY account_id, metric, seq
 
 -- name: reconciliation
 -- Counter vs ledger for one period. For each counter: used must equal Σtake − Σrelease over the
@@ -31,15 +35,15 @@ SELECT id, at, account_id, metric, period, kind, units, used_after, lim, take_id
 -- a planner expecting one row runs as a nested loop: quadratic), then a FULL JOIN, which Postgres
 -- can only run as a hash or merge join.
 WITH rows AS (
-    SELECT account_id, metric, id, kind, units, used_after,
-           max(id) FILTER (WHERE kind = 'reset') OVER (PARTITION BY account_id, metric) AS reset_id
+    SELECT account_id, metric, seq, kind, units, used_after,
+           max(seq) FILTER (WHERE kind = 'reset') OVER (PARTITION BY account_id, metric) AS reset_seq
       FROM ledger
      WHERE period = %(period)s
 ), sums AS (
     SELECT account_id, metric,
            coalesce(sum(CASE kind WHEN 'take' THEN units WHEN 'release' THEN -units ELSE 0 END)
-                        FILTER (WHERE id > coalesce(reset_id, 0)), 0)::bigint AS ledger_used,
-           (array_agg(used_after ORDER BY id DESC))[1] AS last_used_after
+                        FILTER (WHERE seq > coalesce(reset_seq, 0)), 0)::bigint AS ledger_used,
+           (array_agg(used_after ORDER BY seq DESC))[1] AS last_used_after
       FROM rows
      GROUP BY account_id, metric
 ), counters AS (

@@ -66,14 +66,9 @@ DEFAULT_DUTY = 0.05
 DEFAULT_MIN_RATE = 1500.0
 # Batches read ahead by one `reset_pick`: its cost is shared by this many batches.
 PICK_BATCHES = 8
-# A batch that loses a deadlock (e.g. against a plan sync locking the same rows), or on Citus a
-# ledger id race (quotas_chain_in_id_order, migrations/0012), is retried.
+# A batch that loses a deadlock (e.g. against a plan sync locking the same rows) is retried.
 _RETRIES = 5
-_RETRIED = (
-    psycopg.errors.DeadlockDetected,
-    psycopg.errors.LockNotAvailable,
-    psycopg.errors.SerializationFailure,
-)
+_RETRIED = (psycopg.errors.DeadlockDetected, psycopg.errors.LockNotAvailable)
 
 _START = {"cursor_period": "", "cursor_account": "", "cursor_metric": ""}
 

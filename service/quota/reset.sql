@@ -82,9 +82,9 @@ SELECT g.account_ids,
 -- version; a counter that a take rolled over meanwhile no longer matches `period < P` on the
 -- re-check and drops out, so usage taken in the new period is never zeroed and no counter is opened
 -- twice (the unique period-open index would refuse it anyway). Rows are locked in key order, as
--- quotas_follow_targets locks them, so the two never deadlock. Ledger ids are drawn after the row
--- locks, one per row (`drawn`; on Citus that step runs on the coordinator, which holds the
--- sequence), so chain order is id order. A counter that held nothing gets its period advanced
+-- quotas_follow_targets locks them, so the two never deadlock. Each row's chain position is its
+-- counter's chain_seq + 1, set under the row lock (migrations/0015); ledger ids are drawn once per
+-- row (`drawn`) and only need to be unique. A counter that held nothing gets its period advanced
 -- without a ledger row. Soft-deleted accounts are left alone. Every step names the accounts, so
 -- Citus routes each to the group's shard (tests/citus/test_cluster.py).
 WITH batch AS (
@@ -102,7 +102,7 @@ WITH batch AS (
      WHERE used > 0
 ), opened AS (
     UPDATE quotas q
-       SET used = 0, period = %(period)s,
+       SET used = 0, period = %(period)s, chain_seq = q.chain_seq + 1,
            -- a sub-SELECT: Citus refuses a STABLE function of the row's columns directly in SET
            (chain_prev, chain_id, chain_at, chain_hash) = (
                SELECT q.chain_hash, d.id, d.at,
@@ -111,7 +111,7 @@ WITH batch AS (
       FROM drawn d
      WHERE q.account_id = ANY(%(account_ids)s::text[])
        AND q.account_id = d.account_id AND q.metric = d.metric
- RETURNING q.account_id, q.metric, d.used AS cleared, q.chain_id, q.chain_at, q.chain_prev, q.chain_hash
+ RETURNING q.account_id, q.metric, d.used AS cleared, q.chain_id, q.chain_at, q.chain_seq, q.chain_prev, q.chain_hash
 ), emptied AS (  -- held nothing: the period moves on, no ledger row, the chain stays where it is
     UPDATE quotas q
        SET period = %(period)s
@@ -120,10 +120,10 @@ WITH batch AS (
        AND q.account_id = b.account_id AND q.metric = b.metric AND b.used = 0
  RETURNING 1
 ), entries AS (
-    INSERT INTO ledger (id, at, account_id, metric, period, kind, units, used_after, idempotency_key, actor,
+    INSERT INTO ledger (id, at, seq, account_id, metric, period, kind, units, used_after, idempotency_key, actor,
                         prev_hash, hash)
     OVERRIDING SYSTEM VALUE
-    SELECT chain_id, chain_at, account_id, metric, %(period)s, 'reset', cleared, 0,
+    SELECT chain_id, chain_at, chain_seq, account_id, metric, %(period)s, 'reset', cleared, 0,
            'period-open:' || %(period)s, %(actor)s, chain_prev, chain_hash
       FROM opened
  RETURNING 1

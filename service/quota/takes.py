@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import partial
-from typing import TypeVar
 
 import psycopg
 from psycopg.rows import class_row, dict_row
@@ -23,7 +20,6 @@ from service.quota import periods
 from service.quota.accounts import ensure_quotas, require_metric
 
 ROLLOVER_ACTOR = "system:rollover"
-R = TypeVar("R")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,25 +92,6 @@ class _Counter:
 MAX_PASSES = 4
 
 
-# A chain writer that lost the race for its counter on Citus runs again with a new ledger id
-# (migrations/0012): it may lose again to as many writers as wait on the same counter.
-REDRAWS = 100
-
-
-def redrawn(statement: Callable[[], R]) -> R:
-    """Run a ledger-writing statement, or a whole transaction of them, again while Citus refuses the
-    ledger id it drew as older than its counter's newest row (quotas_chain_in_id_order,
-    migrations/0012). On plain PostgreSQL the id is drawn after the row lock and this never repeats.
-    Not for a statement inside a caller's transaction: that one must be repeated whole."""
-    for attempt in range(REDRAWS):
-        try:
-            return statement()
-        except psycopg.errors.SerializationFailure:
-            if attempt == REDRAWS - 1:
-                raise
-    raise AssertionError("unreachable")
-
-
 def take(
     conn: Connection,
     plans: PlanConfig,
@@ -150,15 +127,7 @@ def take(
         if counter.period is None:
             _create_counter(conn, plans, attempt)
         elif counter.period < attempt.period:
-            redrawn(
-                partial(
-                    roll_over,
-                    conn,
-                    account_id=attempt.account_id,
-                    metric=attempt.metric,
-                    period=attempt.period,
-                )
-            )
+            roll_over(conn, account_id=attempt.account_id, metric=attempt.metric, period=attempt.period)
         elif counter.period > attempt.period:  # another server's clock already opened the next month
             attempt = replace(attempt, period=counter.period)
     # the counter kept changing (releases racing the diagnosis): refuse with the last state seen
@@ -166,12 +135,30 @@ def take(
 
 
 def _take(conn: Connection, attempt: _Attempt) -> Take | None:
-    """The hot path: one statement that moves the counter and writes its ledger row, or nothing."""
+    """The hot path: one statement that moves the counter and writes its ledger row, or nothing. On
+    Citus, the same take as one call that Citus delegates to the account's node (`take_delegated`:
+    the statement there is planned as coordinator steps, README "Scaling out")."""
+    delegated = on_citus(conn)
     try:
         with conn.cursor(row_factory=class_row(Take)) as cur:
-            return redrawn(lambda: cur.execute(Q.take, vars(attempt)).fetchone())
+            granted = cur.execute(Q.take_delegated if delegated else Q.take, vars(attempt)).fetchone()
     except psycopg.errors.UniqueViolation:
         return None  # the key was taken by an earlier (or concurrent, now committed) take
+    return None if granted is None or granted.take_id is None else granted
+
+
+# Per database (host, port, name): whether it is a Citus cluster, asked on its first take.
+_ON_CITUS: dict[tuple[str, int, str], bool] = {}
+
+
+def on_citus(conn: Connection) -> bool:
+    """Whether `conn`'s database has the citus extension; asked once per database and process."""
+    key = (conn.info.host, conn.info.port, conn.info.dbname)
+    found = _ON_CITUS.get(key)
+    if found is None:
+        row = conn.execute(Q.on_citus).fetchone()
+        found = _ON_CITUS[key] = bool(row and row[0])
+    return found
 
 
 def _replay(conn: Connection, attempt: _Attempt) -> Take | None:
@@ -247,7 +234,7 @@ def release(
     params = {"take_id": take_id, "period": period, "actor": actor, "account_id": account_id}
     try:
         with conn.cursor(row_factory=class_row(Release)) as cur:
-            done = redrawn(lambda: cur.execute(Q.release, params).fetchone())
+            done = cur.execute(Q.release, params).fetchone()
     except psycopg.errors.UniqueViolation:
         done = None  # a concurrent release of the same take committed first
     if done is not None:

@@ -6,11 +6,12 @@
 -- row version under READ COMMITTED, so concurrent takes neither overshoot nor lose an update, and
 -- the ledger row is written by the same statement. A duplicate idempotency key makes the INSERT
 -- raise a unique violation, which aborts the whole statement, counter update included.
--- The row's id, time and chained hash are drawn in the UPDATE's SET, which Postgres evaluates again
--- on the newest row version after a lock wait: chain order is id order (migrations/0009).
+-- The row's chain position (chain_seq + 1), hash, id and time are drawn in the UPDATE's SET, which
+-- Postgres evaluates again on the newest row version after a lock wait, so the row follows the
+-- counter's head whatever the concurrency (migrations/0015); the id only has to be unique.
 WITH granted AS (
     UPDATE quotas
-       SET used = used + %(units)s,
+       SET used = used + %(units)s, chain_seq = chain_seq + 1,
            (chain_prev, chain_id, chain_at, chain_hash) = (
                SELECT quotas.chain_hash, e.id, e.at,
                       ledger_hash(quotas.chain_hash, e.id, e.at, quotas.account_id, quotas.metric,
@@ -20,12 +21,12 @@ WITH granted AS (
      WHERE account_id = %(account_id)s AND metric = %(metric)s AND period = %(period)s
        AND NOT account_deleted
        AND (lim IS NULL OR used + %(units)s <= lim)
- RETURNING account_id, metric, period, used, lim, limit_source, chain_id, chain_at, chain_prev, chain_hash
+ RETURNING account_id, metric, period, used, lim, limit_source, chain_id, chain_at, chain_seq, chain_prev, chain_hash
 ), entry AS (
-    INSERT INTO ledger (id, at, account_id, metric, period, kind, units, used_after, lim, limit_source,
+    INSERT INTO ledger (id, at, seq, account_id, metric, period, kind, units, used_after, lim, limit_source,
                         idempotency_key, actor, prev_hash, hash)
     OVERRIDING SYSTEM VALUE
-    SELECT chain_id, chain_at, account_id, metric, period, 'take', %(units)s, used, lim, limit_source,
+    SELECT chain_id, chain_at, chain_seq, account_id, metric, period, 'take', %(units)s, used, lim, limit_source,
            %(idempotency_key)s, %(actor)s, chain_prev, chain_hash
       FROM granted
  RETURNING id, metric, period, units, used_after, lim, limit_source
@@ -58,7 +59,7 @@ WITH prior AS (
        FOR UPDATE
 ), opened AS (
     UPDATE quotas q
-       SET used = 0, period = %(period)s,
+       SET used = 0, period = %(period)s, chain_seq = q.chain_seq + 1,
            (chain_prev, chain_id, chain_at, chain_hash) = (
                SELECT q.chain_hash, e.id, e.at,
                       ledger_hash(q.chain_hash, e.id, e.at, q.account_id, q.metric, %(period)s, 'reset',
@@ -67,7 +68,7 @@ WITH prior AS (
       FROM prior
      WHERE q.account_id = %(account_id)s AND q.account_id = prior.account_id AND q.metric = prior.metric
        AND prior.used > 0
- RETURNING q.account_id, q.metric, prior.used AS cleared, q.chain_id, q.chain_at, q.chain_prev, q.chain_hash
+ RETURNING q.account_id, q.metric, prior.used AS cleared, q.chain_id, q.chain_at, q.chain_seq, q.chain_prev, q.chain_hash
 ), emptied AS (
     UPDATE quotas q
        SET period = %(period)s
@@ -75,10 +76,10 @@ WITH prior AS (
      WHERE q.account_id = %(account_id)s AND q.account_id = prior.account_id AND q.metric = prior.metric
        AND prior.used = 0
 )
-INSERT INTO ledger (id, at, account_id, metric, period, kind, units, used_after, idempotency_key, actor,
+INSERT INTO ledger (id, at, seq, account_id, metric, period, kind, units, used_after, idempotency_key, actor,
                     prev_hash, hash)
 OVERRIDING SYSTEM VALUE
-SELECT chain_id, chain_at, account_id, metric, %(period)s, 'reset', cleared, 0, 'period-open:' || %(period)s,
+SELECT chain_id, chain_at, chain_seq, account_id, metric, %(period)s, 'reset', cleared, 0, 'period-open:' || %(period)s,
        %(actor)s, chain_prev, chain_hash
   FROM opened
 
@@ -106,7 +107,7 @@ WITH taken AS (
     -- the locked one; the quota_units domain check (migrations/0005) runs in that first evaluation,
     -- and a stale `used` below held.used would fail it spuriously (a release racing an admin reset).
     UPDATE quotas q
-       SET used = greatest(q.used - least(held.units, held.used), 0),
+       SET used = greatest(q.used - least(held.units, held.used), 0), chain_seq = q.chain_seq + 1,
            (chain_prev, chain_id, chain_at, chain_hash) = (
                SELECT q.chain_hash, e.id, e.at,
                       ledger_hash(q.chain_hash, e.id, e.at, q.account_id, q.metric, q.period, 'release',
@@ -117,12 +118,12 @@ WITH taken AS (
      WHERE q.account_id = %(account_id)s AND q.account_id = held.account_id AND q.metric = held.metric
  RETURNING q.account_id, q.metric, q.period, q.used, q.lim, q.limit_source,
            least(held.units, held.used) AS units, held.take_id,
-           q.chain_id, q.chain_at, q.chain_prev, q.chain_hash
+           q.chain_id, q.chain_at, q.chain_seq, q.chain_prev, q.chain_hash
 ), entry AS (
-    INSERT INTO ledger (id, at, account_id, metric, period, kind, units, used_after, take_id, actor,
+    INSERT INTO ledger (id, at, seq, account_id, metric, period, kind, units, used_after, take_id, actor,
                         prev_hash, hash)
     OVERRIDING SYSTEM VALUE
-    SELECT chain_id, chain_at, account_id, metric, period, 'release', units, used, take_id, %(actor)s,
+    SELECT chain_id, chain_at, chain_seq, account_id, metric, period, 'release', units, used, take_id, %(actor)s,
            chain_prev, chain_hash
       FROM given
  RETURNING id
@@ -142,3 +143,14 @@ SELECT t.account_id, t.period,
 -- The account of a take named by its id alone (the route without the account): on Citus, the one
 -- statement of a release that asks every shard, by the ledger_id index on each.
 SELECT account_id FROM ledger WHERE id = %(take_id)s AND kind = 'take'
+
+-- name: take_delegated
+-- The take as one call of take_delegated (migrations/repeatable/take_delegated.sql), which Citus
+-- delegates to the account's node; the service uses it on a Citus cluster only. A refused take
+-- returns one row of NULLs.
+SELECT * FROM take_delegated(%(account_id)s::text, %(metric)s::text, %(units)s::bigint, %(period)s::text,
+                             %(idempotency_key)s::text, %(actor)s::text)
+
+-- name: on_citus
+-- Whether this database is a Citus cluster: asked once per database by the service.
+SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus') AS on_citus

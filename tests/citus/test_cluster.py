@@ -16,9 +16,10 @@ from service.billing.apply import delivery_params
 from service.billing.events import Envelope, PlanKeys, SubscriptionChange
 from service.billing.plans import PlanConfig
 from service.db import Q
-from service.quota import reset, takes
+from service.errors import QuotaExhausted
+from service.quota import chain, reset, takes
 from tests.citus import on_cluster
-from tests.db.helpers import new_account
+from tests.db.helpers import new_account, set_override
 
 pytestmark = pytest.mark.skipif(
     not on_cluster(), reason="runs on the Citus cluster only (QUOTA_TEST_CITUS=1 pytest -m citus; .ci/run)"
@@ -31,6 +32,7 @@ OWN_KEY_TABLES = ("stripe_customers",)
 # The per-account statements of a take, a release, an account read, an override, an admin reset, a
 # soft delete and a billing change's lock. Each must run on the one shard that holds the account.
 HOT = (
+    "take_delegated",
     "take",
     "take_refusal",
     "take_by_key",
@@ -197,20 +199,6 @@ def test_the_login_role_takes_and_releases_on_the_cluster(conn, app_db_url, plan
             app.execute("UPDATE ledger SET actor = 'x'")
 
 
-def test_a_stale_ledger_id_is_refused_and_drawn_again(conn, plans):
-    """Citus draws a writer's ledger id before the row lock: an id older than the counter's head is
-    refused (quotas_chain_in_id_order), and `redrawn` runs the statement again with a new one."""
-    account = new_account(conn, plans)
-    takes.take(conn, plans, account_id=account, metric="urls", actor="t")
-    head = conn.execute(
-        "SELECT chain_id FROM quotas WHERE account_id = %s AND metric = 'urls'", (account,)
-    ).fetchone()[0]
-    with pytest.raises(psycopg.errors.SerializationFailure):
-        conn.execute(
-            "UPDATE quotas SET chain_id = %s WHERE account_id = %s AND metric = 'urls'", (head - 1, account)
-        )
-
-
 # --- cross-account jobs: batches of one shard --------------------------------------------------------
 
 EARLIER = "2001-01"
@@ -295,8 +283,9 @@ def test_each_plan_sync_batch_locks_one_shard(conn, plans):
         _assert_one_shard_per_step(conn, _explain(conn, "plan_sync_diff", {**targets, "group_ids": ids}))
 
 
-# Why the take is not a delegated function yet (README "Scaling out", "One round trip per take"):
-# what Citus does with one, held here so that a Citus upgrade that changes it shows.
+# Why the take on Citus is a delegated function (README "Scaling out", "One round trip per take"):
+# what Citus does with the statement and with a function, held here so that a Citus upgrade that
+# changes it shows.
 _PROBE = """
 CREATE FUNCTION take_probe(p_account_id text, OUT id bigint) LANGUAGE plpgsql AS $$
 BEGIN
@@ -328,7 +317,33 @@ def test_a_delegated_function_runs_on_the_accounts_worker_and_draws_ids_from_its
         assert "Task Count" not in "\n".join(r[0] for r in cur.execute(volatile, (account,)))
     worker_id = conn.execute("SELECT id FROM take_probe(%s)", (account,)).fetchone()[0]
     coordinator_id = conn.execute("SELECT nextval('ledger_id_seq')").fetchone()[0]
-    # Each worker draws from its own range (group g from g * 2^48 + 1), the coordinator from 1:
-    # a counter's chain written on its worker would refuse every id drawn on the coordinator, and
-    # every id drawn on a worker of a lower group after its shard moved there.
+    # Each worker draws from its own range (group g from g * 2^48 + 1), the coordinator from 1: ids
+    # are unique, not in chain order, which is why the chain has its own position (migrations/0015).
     assert worker_id > 2**48 > coordinator_id
+
+
+def test_the_take_is_one_call_delegated_to_the_accounts_worker(conn, plans):
+    """The service's take on the cluster (take_delegated): one task, the function run on the node
+    that holds the account (its id drawn from that node's range), a chain that follows by seq
+    whatever the ids of the rows before it (the rollover's, drawn on the coordinator), and a
+    refused take that moves nothing."""
+    account = new_account(conn, plans)
+    assert takes.on_citus(conn)
+    plan = _explain(conn, "take_delegated", {**PARAMS, "account_id": account})
+    assert "Task Count: 1" in plan and "Function Scan on take_delegated" in plan, plan
+    assert "Subplan" not in plan, plan
+    set_override(conn, account, "urls", 2)
+    conn.execute("UPDATE quotas SET period = %s WHERE account_id = %s", (EARLIER, account))
+    conn.execute(
+        "UPDATE quotas SET used = 1, chain_seq = 0 WHERE account_id = %s AND metric = 'urls'", (account,)
+    )
+    first = takes.take(conn, plans, account_id=account, metric="urls", actor="t")  # rolls over first
+    second = takes.take(conn, plans, account_id=account, metric="urls", actor="t")
+    with pytest.raises(QuotaExhausted):
+        takes.take(conn, plans, account_id=account, metric="urls", actor="t")
+    assert first.take_id > 2**48 and second.take_id > 2**48 and second.used == 2
+    got = conn.execute(
+        "SELECT kind, seq, id > 2^48 FROM ledger WHERE account_id = %s ORDER BY seq", (account,)
+    ).fetchall()
+    assert got == [("reset", 1, False), ("take", 2, True), ("take", 3, True)]
+    assert chain.verify(conn, account_id=account).ok

@@ -91,9 +91,10 @@ def test_two_runners_and_takes_reset_each_counter_once(conn: Any, db_url: str, p
     assert ledger.reconcile(conn, period=P1).ok
     verified = chain.verify(conn)
     assert verified.ok, verified.findings
-    # Each reset row has its own ledger id, drawn from the coordinator's sequence.
-    n, distinct, newest = conn.execute("SELECT count(*), count(DISTINCT id), max(id) FROM ledger").fetchone()
-    assert n == distinct and newest <= conn.execute("SELECT last_value FROM ledger_id_seq").fetchone()[0]
+    # Every row has its own ledger id (the reset rows' drawn on the coordinator, the takes' on the
+    # account's worker, from its own range): ids are only unique, the chains follow seq.
+    n, distinct = conn.execute("SELECT count(*), count(DISTINCT id) FROM ledger").fetchone()
+    assert n == distinct
 
 
 def test_plan_sync_dry_run_reads_every_shard(conn: Any, plans: Any) -> None:

@@ -55,7 +55,7 @@ def ledger_rows(
             """SELECT * FROM ledger
                 WHERE account_id = %s AND (%s::text IS NULL OR metric = %s)
                   AND (%s::text IS NULL OR kind = %s)
-                ORDER BY id""",
+                ORDER BY metric, seq""",
             (account_id, metric, metric, kind, kind),
         ).fetchall()
 
@@ -63,11 +63,11 @@ def ledger_rows(
 def ledger_used(conn: Conn, account_id: str, metric: str, period: str) -> int:
     """DESIGN's formula: sum(take) - sum(release) over the period's rows after its latest reset row."""
     rows = [r for r in ledger_rows(conn, account_id, metric) if r["period"] == period]
-    resets = [r["id"] for r in rows if r["kind"] == "reset"]
+    resets = [r["seq"] for r in rows if r["kind"] == "reset"]
     after = max(resets, default=0)
     total = 0
     for r in rows:
-        if r["id"] > after:
+        if r["seq"] > after:
             total += {"take": r["units"], "release": -r["units"], "reset": 0}[r["kind"]]
     return total
 

@@ -1,6 +1,7 @@
-"""The ledger's hash chain (migrations/0009, service/quota/chain.py): every writer chains its row in
-its own statement, the SQL and Python forms of the hash agree, a concurrent workload leaves a chain
-that verifies, and a row changed, removed or inserted behind the triggers' back is named."""
+"""The ledger's hash chain (migrations/0009, 0015, service/quota/chain.py): every writer chains its row
+in its own statement at the next position of its counter (seq), the SQL and Python forms of the hash
+agree, a concurrent workload leaves a chain that verifies, and a row changed, removed, inserted or
+moved behind the triggers' back is named."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from psycopg.rows import namedtuple_row
 
 from service.errors import QuotaExhausted
 from service.quota import admin, chain, periods, reset, takes
+from tests.citus import on_cluster
 from tests.db.helpers import new_account, set_override, set_period
 from tests.db.race import race
 
@@ -25,7 +27,7 @@ EARLIER = "2001-01"
 def rows(conn: Any, account_id: str, metric: str = METRIC) -> list[Any]:
     with conn.cursor(row_factory=namedtuple_row) as cur:
         return cur.execute(
-            "SELECT * FROM ledger WHERE account_id = %s AND metric = %s ORDER BY id", (account_id, metric)
+            "SELECT * FROM ledger WHERE account_id = %s AND metric = %s ORDER BY seq", (account_id, metric)
         ).fetchall()
 
 
@@ -36,14 +38,19 @@ def head(conn: Any, account_id: str, metric: str = METRIC) -> tuple[Any, ...]:
 
 
 def assert_chained(conn: Any, account_id: str, metric: str = METRIC) -> list[Any]:
-    """Every row links to the one before it, its hash is the documented form of its fields (computed
-    here in Python), and the counter's head is its newest row."""
+    """Every row links to the one before it in seq order (1, 2, 3 ...), its hash is the documented form
+    of its fields (computed here in Python), and the counter's head is its last row."""
     chain_rows = rows(conn, account_id, metric)
     prev = None
-    for r in chain_rows:
+    for n, r in enumerate(chain_rows, start=1):
+        assert r.seq == n, r
         assert r.prev_hash == prev, r
         assert r.hash == chain.row_hash(prev, r), r
         prev = r.hash
+    (chain_seq,) = conn.execute(
+        "SELECT chain_seq FROM quotas WHERE account_id = %s AND metric = %s", (account_id, metric)
+    ).fetchone()
+    assert chain_seq == len(chain_rows)
     if chain_rows:
         assert head(conn, account_id, metric) == (chain_rows[-1].id, chain_rows[-1].hash)
     return chain_rows
@@ -217,7 +224,7 @@ def _workload(accounts: list[str], plans: Any) -> Any:
 
 def test_verify_passes_after_a_concurrent_workload(conn: Any, plans: Any, connect: Any) -> None:
     """Takes, releases, lazy rollovers and admin resets from 16 connections on a few hot counters:
-    chain order must be id order, whatever the lock waits."""
+    each row must take the next position of its counter's chain, whatever the lock waits."""
     accounts = [new_account(conn, plans) for _ in range(3)]
     for a in accounts:
         set_override(conn, a, METRIC, 40)
@@ -307,8 +314,8 @@ def test_an_inserted_row_is_named(conn: Any, plans: Any) -> None:
     first = rows(conn, account)[0]
     tamper(
         conn,
-        "INSERT INTO ledger (account_id, metric, period, kind, units, used_after, actor, prev_hash, hash)"
-        " VALUES (%s, %s, %s, 'take', 1, 2, 'forger', %s, %s)",
+        "INSERT INTO ledger (seq, account_id, metric, period, kind, units, used_after, actor, prev_hash,"
+        " hash) VALUES (2, %s, %s, %s, 'take', 1, 2, 'forger', %s, %s)",
         account,
         METRIC,
         PERIOD,
@@ -327,12 +334,77 @@ def test_verify_one_account_and_since(conn: Any, plans: Any) -> None:
     ids = [r.id for r in rows(conn, a)]
     assert chain.verify(conn, account_id=a).rows == 3
     since = chain.verify(conn, since=ids[1])
-    assert since.ok and since.rows == 4  # rows from ids[1] on, of both accounts
+    # each counter from its first row with id >= since to its head (on one PostgreSQL, 2 rows of
+    # each account; on Citus, b's ids may come from another worker's range, lower or higher)
+    expected = 0
+    for x in (a, b):
+        chain_ids = [r.id for r in rows(conn, x)]
+        starts = [i for i, row_id in enumerate(chain_ids) if row_id >= ids[1]]
+        expected += len(chain_ids) - starts[0] if starts else 0
+    assert since.ok and since.rows == expected
+    if not on_cluster():
+        assert expected == 4
 
     tamper(conn, "UPDATE ledger SET prev_hash = %s WHERE id = %s", b"\x00" * 32, ids[1])
     assert [f.row_id for f in chain.verify(conn, since=ids[1]).findings] == [ids[1]]
     assert chain.verify(conn, account_id=b).ok
     assert chain.verify(conn, since=ids[2]).ok  # the broken link is before the walk
+
+
+def test_ledger_ids_need_only_be_unique(conn: Any, plans: Any) -> None:
+    """The chain is ordered by seq, not by id: a row whose id is lower than its counter's head (as a
+    Citus worker draws from its own range of the sequence) chains and verifies."""
+    account = new_account(conn, plans)
+    (low,) = conn.execute("SELECT coalesce(max(id), 0) FROM ledger").fetchone()
+    conn.execute("SELECT setval('ledger_id_seq', %s)", (low + 1_000_000,))
+    for _ in range(2):
+        takes.take(conn, plans, account_id=account, metric=METRIC, actor="t")
+    conn.execute("SELECT setval('ledger_id_seq', %s)", (low + 1,))
+    takes.take(conn, plans, account_id=account, metric=METRIC, actor="t")
+    got = assert_chained(conn, account)
+    if not on_cluster():  # there the take draws its id on the account's worker (migrations/0015)
+        assert got[2].id < got[1].id
+    assert chain.verify(conn).ok
+    since = chain.verify(conn, since=got[1].id)  # from the second row on, the third's lower id too
+    assert since.ok and since.rows == 2
+
+
+def _three_takes(conn: Any, plans: Any) -> tuple[str, list[Any]]:
+    account = new_account(conn, plans)
+    for _ in range(3):
+        takes.take(conn, plans, account_id=account, metric=METRIC, actor="t")
+    return account, rows(conn, account)
+
+
+def test_a_gap_in_seq_is_named(conn: Any, plans: Any) -> None:
+    account, got = _three_takes(conn, plans)
+    tamper(conn, "UPDATE ledger SET seq = 7 WHERE account_id = %s AND id = %s", account, got[2].id)
+    [finding] = chain.verify(conn).findings
+    assert finding.row_id == got[2].id and "seq 7 where 3 was expected" in finding.problem
+
+
+def test_a_repeated_seq_is_named(conn: Any, plans: Any) -> None:
+    account, got = _three_takes(conn, plans)
+    conn.execute("DROP INDEX ledger_chain_seq")  # as a superuser could, to write a repeat
+    tamper(conn, "UPDATE ledger SET seq = 2 WHERE account_id = %s AND id = %s", account, got[2].id)
+    [finding] = chain.verify(conn).findings
+    assert finding.row_id in (got[1].id, got[2].id)
+
+
+def test_rows_moved_in_seq_are_named(conn: Any, plans: Any) -> None:
+    """Two rows swapping places: their hashes are intact, their links are not."""
+    account, got = _three_takes(conn, plans)
+    for seq, row in ((-1, got[1]), (2, got[2]), (3, got[1])):
+        tamper(conn, "UPDATE ledger SET seq = %s WHERE account_id = %s AND id = %s", seq, account, row.id)
+    [finding] = chain.verify(conn).findings
+    assert finding.row_id == got[2].id and "previous row" in finding.problem
+
+
+def test_a_rewritten_head_position_is_named(conn: Any, plans: Any) -> None:
+    account, _ = _three_takes(conn, plans)
+    conn.execute("UPDATE quotas SET chain_seq = 9 WHERE account_id = %s AND metric = %s", (account, METRIC))
+    [finding] = chain.verify(conn).findings
+    assert finding.row_id is None and "seq 9" in finding.problem
 
 
 def test_a_row_without_hash_is_refused(conn: Any, plans: Any) -> None:

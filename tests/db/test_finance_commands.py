@@ -83,7 +83,9 @@ def test_reconcile_command(conn: Any, db_url: str, plans: Any) -> None:
 
 def _period_rows(conn: Any) -> list[dict[str, Any]]:
     with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute("SELECT * FROM ledger WHERE period = %s ORDER BY id", (PERIOD,)).fetchall()
+        return cur.execute(
+            "SELECT * FROM ledger WHERE period = %s ORDER BY account_id, metric, seq", (PERIOD,)
+        ).fetchall()
 
 
 def test_export_command_equals_the_periods_rows(conn: Any, db_url: str, plans: Any, tmp_path: Any) -> None:
@@ -178,5 +180,10 @@ def test_the_migration_chains_the_rows_written_before_it(empty_db: str) -> None:
         result = chain.verify(c)  # type: ignore[arg-type]
         assert result.ok, result.findings
         assert (result.rows, result.counters, result.accounts) == (5, 3, 2)
-        heads = c.execute("SELECT account_id, metric, chain_id FROM quotas ORDER BY 1, 2").fetchall()
-        assert heads == [("a", "seats", 2), ("a", "urls", 4), ("b", "urls", 5)]
+        heads = c.execute(
+            "SELECT account_id, metric, chain_id, chain_seq FROM quotas ORDER BY 1, 2"
+        ).fetchall()
+        assert heads == [("a", "seats", 2, 1), ("a", "urls", 4, 2), ("b", "urls", 5, 2)]
+        # 0015 numbered each counter's rows in the order 0009 chained them (id order)
+        positions = c.execute("SELECT id, seq FROM ledger ORDER BY id").fetchall()
+        assert positions == [(1, 1), (2, 1), (3, 1), (4, 2), (5, 2)]

@@ -42,11 +42,11 @@ def seed(conn: psycopg.Connection[Any]) -> None:
         (P0,),
     )
     conn.execute(
-        "INSERT INTO ledger (account_id, metric, period, kind, units, used_after, actor, hash) "
-        "SELECT account_id, metric, %s, 'take', 1, 1, 'test', %s FROM quotas",
+        "INSERT INTO ledger (account_id, metric, period, kind, units, used_after, actor, hash, seq) "
+        "SELECT account_id, metric, %s, 'take', 1, 1, 'test', %s, 1 FROM quotas",
         (P0, SEED_HASH),
     )
-    conn.execute("UPDATE quotas SET used = 1")
+    conn.execute("UPDATE quotas SET used = 1, chain_seq = 1")
     conn.execute("ANALYZE quotas")
     conn.execute("ANALYZE ledger")
 
@@ -54,16 +54,16 @@ def seed(conn: psycopg.Connection[Any]) -> None:
 def bulk_write_p1(conn: psycopg.Connection[Any]) -> None:
     """What a reset followed by a few takes leaves in P1, written without any ANALYZE: every counter
     moved to P1 with a reset row (as if it had cleared 1), then a take of 2 on each."""
-    conn.execute("UPDATE quotas SET period = %s, used = 2", (P1,))
+    conn.execute("UPDATE quotas SET period = %s, used = 2, chain_seq = 3", (P1,))
     conn.execute(
         "INSERT INTO ledger"
-        " (account_id, metric, period, kind, units, used_after, idempotency_key, actor, hash) "
-        "SELECT account_id, metric, %s, 'reset', 1, 0, 'period-open:' || %s, 'test', %s FROM quotas",
+        " (account_id, metric, period, kind, units, used_after, idempotency_key, actor, hash, seq) "
+        "SELECT account_id, metric, %s, 'reset', 1, 0, 'period-open:' || %s, 'test', %s, 2 FROM quotas",
         (P1, P1, SEED_HASH),
     )
     conn.execute(
-        "INSERT INTO ledger (account_id, metric, period, kind, units, used_after, actor, hash) "
-        "SELECT account_id, metric, %s, 'take', 2, 2, 'test', %s FROM quotas",
+        "INSERT INTO ledger (account_id, metric, period, kind, units, used_after, actor, hash, seq) "
+        "SELECT account_id, metric, %s, 'take', 2, 2, 'test', %s, 3 FROM quotas",
         (P1, SEED_HASH),
     )
 

@@ -88,8 +88,9 @@ def _naive_take(account_id: str) -> Any:
             (used + 1, account_id, METRIC),
         )
         conn.execute(
-            """INSERT INTO ledger (account_id, metric, period, kind, units, used_after, lim, actor, hash)
-               SELECT account_id, metric, period, 'take', 1, %s, lim, 'naive', '\\x00'
+            """INSERT INTO ledger (account_id, metric, period, kind, units, used_after, lim, actor, hash, seq)
+               SELECT account_id, metric, period, 'take', 1, %s, lim, 'naive', '\\x00',
+                      nextval('ledger_id_seq')
                  FROM quotas WHERE account_id = %s AND metric = %s""",
             (used + 1, account_id, METRIC),
         )

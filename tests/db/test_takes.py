@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from service.errors import AccountDeleted, QuotaExhausted, UnknownAccount, UnknownMetric, UnknownTake
-from service.quota import periods, takes
+from service.quota import chain, periods, takes
 from tests.db.helpers import (
     assert_counter_matches_ledger,
     counter,
@@ -243,3 +243,78 @@ def test_an_override_lowered_during_concurrent_takes_is_never_overshot(conn, pla
     assert c["used"] == len(rows) == 40 - results[1:].count("refused")
     with pytest.raises(QuotaExhausted):
         _take(conn, plans, account)
+
+
+# --- the statement and the delegated function: one take, two shapes ----------------------------------
+
+_SAME_SEQUENCE = (
+    {"units": 1, "idempotency_key": "k1"},  # granted
+    {"units": 2},  # granted, up to the limit
+    {"units": 1},  # refused: exhausted
+    {"units": 1, "idempotency_key": "k1"},  # the first take again, replayed
+    {"units": 5, "idempotency_key": "k1"},  # the key with other units: refused
+    "last month",
+    {"units": 1},  # rolls the counter over, then granted
+    {"units": 1, "idempotency_key": "k2"},  # granted
+    "deleted",
+    {"units": 1},  # refused: the account was deleted
+)
+
+
+def _through(conn, plans, monkeypatch, *, delegated):
+    """_SAME_SEQUENCE on a new account, with the take statement (delegated False) or the function
+    Citus delegates (True); the answers and ledger rows, without what differs by nature (ids, times,
+    the account, hence the hashes)."""
+    monkeypatch.setitem(takes._ON_CITUS, (conn.info.host, conn.info.port, conn.info.dbname), delegated)
+    account = new_account(conn, plans)
+    set_override(conn, account, METRIC, 3)
+    answers: list[tuple[object, ...]] = []
+    first: int | None = None
+    for step in _SAME_SEQUENCE:
+        if step == "last month":
+            set_period(conn, account, METRIC, "2001-01")
+            continue
+        if step == "deleted":
+            soft_delete(conn, account)
+            continue
+        try:
+            t = _take(conn, plans, account, **step)
+        except Exception as e:  # the domain error is the answer
+            details = dict(getattr(e, "details", {}))
+            if "take_id" in details:  # the key's first take, named by its id
+                assert details.pop("take_id") == first
+            answers.append((type(e).__name__, str(e).replace(account, "<account>"), details))
+        else:
+            first = first or t.take_id
+            answers.append(("granted", t.units, t.used, t.limit, t.period, t.limit_source, t.replayed))
+    rows = conn.execute(
+        "SELECT seq, period, kind, units, used_after, lim, limit_source, idempotency_key, actor,"
+        "       prev_hash IS NULL AS first, hash IS NOT NULL AS hashed"
+        "  FROM ledger WHERE account_id = %s ORDER BY seq",
+        (account,),
+    ).fetchall()
+    used = counter(conn, account, METRIC)
+    assert_counter_matches_ledger(conn, account, METRIC)
+    assert chain.verify(conn, account_id=account).ok
+    return answers, rows, {k: used[k] for k in ("used", "lim", "period")}
+
+
+def test_the_statement_and_the_delegated_function_take_alike(conn, plans, monkeypatch):
+    """On one PostgreSQL the service takes with the statement, on Citus with take_delegated: the
+    same sequence through both gives the same answers, ledger rows and counter, so the two cannot
+    drift."""
+    statement = _through(conn, plans, monkeypatch, delegated=False)
+    function = _through(conn, plans, monkeypatch, delegated=True)
+    assert function == statement
+    answers, rows, _ = statement
+    assert [a[0] for a in answers] == [
+        "granted",
+        "granted",
+        "QuotaExhausted",
+        "granted",
+        "IdempotencyKeyReused",
+        "granted",
+        "granted",
+        "AccountDeleted",
+    ]
+    assert [r[2] for r in rows] == ["take", "take", "reset", "take", "take"]

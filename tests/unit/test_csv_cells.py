@@ -41,6 +41,7 @@ def _entry(i: int, key: str | None) -> LedgerEntry:
         actor="@key",
         prev_hash=None,
         hash=bytes(32),
+        seq=i,
     )
 
 
@@ -65,5 +66,6 @@ def test_csv_chunks_streams_rows_with_safe_cells():
         "'@key",
         "",
         "0" * 64,
+        "1",
     ]
     assert len(rows) == 6

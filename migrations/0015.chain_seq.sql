@@ -1,0 +1,53 @@
+-- depends: 0014.shard_batches
+-- A chain position per counter (README "The ledger's hash chain", "Scaling out").
+--
+-- Until now a counter's chain was ordered by ledger id: every writer drew nextval('ledger_id_seq')
+-- in the counter's UPDATE, after the row lock, and on Citus a trigger refused an id drawn before the
+-- lock (quotas_chain_in_id_order, 0012) so that the writer drew again. Here the chain gets its own
+-- order: ledger.seq is the row's position in its counter's chain (1, 2, 3 ...) and quotas.chain_seq
+-- the head's, which every writer increments in the same SET that computes the row's hash, under the
+-- row lock, and writes into the row. Ids need only be unique now, drawn wherever the writer runs
+-- (on a Citus worker, from that node's range of the sequence), so the trigger goes.
+--
+-- seq does not enter the row hash: prev_hash already links each row to the one before it, so a row
+-- removed, inserted or moved is found through the links whatever its seq says, and a seq changed
+-- behind the triggers' back is found by the walk itself (a gap or a repeat in 1, 2, 3 ..., or rows
+-- whose links no longer follow in seq order). Keeping it out leaves every hash written before this
+-- migration valid: history is not rehashed.
+--
+-- The backfill numbers existing rows in id order per counter, the order they were chained in. It is
+-- the one sanctioned UPDATE of the ledger since 0009: the append-only trigger is off for this
+-- transaction only (ALTER TABLE holds a lock that keeps every other writer out until it commits).
+-- On Citus, ALTER TABLE ... DISABLE/ENABLE TRIGGER and the UPDATE (joined on the distribution
+-- column, the window partitioned by it) run on every shard; the unique index contains the
+-- distribution column, so each shard enforces it.
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_extension WHERE extname = 'citus') THEN
+        PERFORM set_config('citus.enable_unsafe_triggers', 'on', true);
+        PERFORM set_config('citus.multi_shard_modify_mode', 'sequential', true);
+    END IF;
+END
+$$;
+
+ALTER TABLE ledger ADD COLUMN seq bigint;
+-- 0: no row yet. A constant default is metadata only in PostgreSQL 11+: quotas is not rewritten.
+ALTER TABLE quotas ADD COLUMN chain_seq bigint NOT NULL DEFAULT 0;
+
+ALTER TABLE ledger DISABLE TRIGGER ledger_append_only;
+UPDATE ledger l
+   SET seq = n.seq
+  FROM (SELECT account_id, id, row_number() OVER (PARTITION BY account_id, metric ORDER BY id) AS seq
+          FROM ledger) AS n
+ WHERE l.account_id = n.account_id AND l.id = n.id;
+ALTER TABLE ledger ENABLE TRIGGER ledger_append_only;
+ALTER TABLE ledger ALTER COLUMN seq SET NOT NULL;
+CREATE UNIQUE INDEX ledger_chain_seq ON ledger (account_id, metric, seq);
+
+UPDATE quotas q
+   SET chain_seq = l.seq
+  FROM (SELECT account_id, metric, max(seq) AS seq FROM ledger GROUP BY account_id, metric) AS l
+ WHERE q.account_id = l.account_id AND q.metric = l.metric;
+
+DROP TRIGGER IF EXISTS quotas_chain_in_id_order ON quotas;
+DROP FUNCTION IF EXISTS quotas_chain_in_id_order();
