@@ -18,7 +18,7 @@ result.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -30,6 +30,7 @@ from service.db import Connection, Q, transaction
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 PROGRESS_EVERY = 100_000  # rows between progress callbacks
+PAGE_ACCOUNTS = 1_000  # accounts per page of the whole-ledger walk
 
 
 def epoch_us(at: datetime) -> int:
@@ -151,6 +152,34 @@ def _check(prev: Any, row: Any) -> str | None:
     return None
 
 
+def _walk(conn: Connection, params: dict[str, Any]) -> Iterator[Any]:
+    """The rows to check, in walk order: from `since`, one query (its rows are what was asked for);
+    otherwise page by page of PAGE_ACCOUNTS accounts (chain_walk_upto says why), or one page for one
+    account. Each streamed by a server-side cursor, so this process holds few rows at a time however
+    many an account has."""
+    if params["since"] > 0:
+        yield from _stream(conn, Q.chain_walk_since, params)
+        return
+    after, upto = "", None
+    while True:
+        if params["account_id"] is None:
+            with conn.cursor(row_factory=namedtuple_row) as cur:
+                end: Any = cur.execute(
+                    Q.chain_walk_upto, {"after": after, "accounts": PAGE_ACCOUNTS}
+                ).fetchone()
+            upto = None if end is None else end.upto
+        yield from _stream(conn, Q.chain_walk, {**params, "after": after, "upto": upto})
+        if upto is None:
+            return
+        after = upto
+
+
+def _stream(conn: Connection, query: str, params: dict[str, Any]) -> Iterator[Any]:
+    with conn.cursor(name="chain_walk", row_factory=namedtuple_row) as cur:
+        cur.itersize = 5000
+        yield from cur.execute(query, params)
+
+
 def verify(
     conn: Connection,
     *,
@@ -174,33 +203,30 @@ def verify(
         # (a second connection would take its own): a counter's rows and head are on one node.
         # One PostgreSQL only stores the setting.
         conn.execute("SET LOCAL citus.max_adaptive_executor_pool_size = 1")
-        with conn.cursor(name="chain_walk", row_factory=namedtuple_row) as cur:
-            cur.itersize = 5000
-            cur.execute(Q.chain_walk_since if since > 0 else Q.chain_walk, params)
-            account: str | None = None
-            last: dict[str, Any] = {}  # metric -> previous row, within the current account
-            row: Any
-            for row in cur:
-                if row.account_id != account:
-                    account, last = row.account_id, {}
-                    result.accounts += 1
-                prev = last.get(row.metric)
-                last[row.metric] = row
-                if row.anchor:
-                    continue
-                if prev is None or prev.anchor:
-                    result.counters += 1
-                result.rows += 1
-                if on_progress is not None and result.rows % PROGRESS_EVERY == 0:
-                    on_progress(result.rows)
-                if row.account_id in broken:
-                    continue
-                problem = _check(prev, row)
-                if problem is not None:
-                    broken.add(row.account_id)
-                    result.findings.append(
-                        Finding(account_id=row.account_id, metric=row.metric, row_id=row.id, problem=problem)
-                    )
+        account: str | None = None
+        last: dict[str, Any] = {}  # metric -> previous row, within the current account
+        row: Any
+        for row in _walk(conn, params):
+            if row.account_id != account:
+                account, last = row.account_id, {}
+                result.accounts += 1
+            prev = last.get(row.metric)
+            last[row.metric] = row
+            if row.anchor:
+                continue
+            if prev is None or prev.anchor:
+                result.counters += 1
+            result.rows += 1
+            if on_progress is not None and result.rows % PROGRESS_EVERY == 0:
+                on_progress(result.rows)
+            if row.account_id in broken:
+                continue
+            problem = _check(prev, row)
+            if problem is not None:
+                broken.add(row.account_id)
+                result.findings.append(
+                    Finding(account_id=row.account_id, metric=row.metric, row_id=row.id, problem=problem)
+                )
         with conn.cursor(row_factory=namedtuple_row) as cur:
             head: Any
             for head in cur.execute(Q.chain_heads, params):

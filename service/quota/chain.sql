@@ -1,14 +1,26 @@
 -- The ledger's hash chain, read for verification (service/quota/chain.py). Writers chain in their
 -- own statements (takes.sql, admin.sql, reset.sql) through ledger_hash() (migrations/0009).
 
+-- name: chain_walk_upto
+-- Where the whole-ledger walk's next page ends: the last of the next %(accounts)s account ids after
+-- %(after)s; no row once fewer are left (the last page then runs to the ledger's end, so that rows of
+-- an account id that accounts does not hold are walked too). Pages by account range, so that on Citus the
+-- coordinator holds one page of rows at a time rather than gathering the whole ledger before the walk
+-- starts: each shard answers this from its accounts' primary key, and the page's rows come from the
+-- ledger's (account_id, metric, seq) index on each shard.
+SELECT max(id) AS upto
+  FROM (SELECT id FROM accounts WHERE id > %(after)s ORDER BY id LIMIT %(accounts)s) AS a
+HAVING count(*) = %(accounts)s
+
 -- name: chain_walk
--- Every row to check, account by account, each counter's rows in chain order (seq, migrations/0015):
--- rows of one account are few enough to keep one head per metric, so the walk holds one account at
--- a time whatever the ledger's size.
+-- One page of rows to check: the accounts after %(after)s up to %(upto)s (NULL: to the end), or one
+-- account; each counter's rows in chain order (seq, migrations/0015). A page holds whole accounts,
+-- and the walk keeps one head per metric of the current account.
 SELECT id, at, seq, account_id, metric, period, kind, units, used_after, lim, take_id, idempotency_key,
        actor, prev_hash, hash, false AS anchor
   FROM ledger
  WHERE (%(account_id)s::text IS NULL OR account_id = %(account_id)s)
+   AND account_id > %(after)s AND (%(upto)s::text IS NULL OR account_id <= %(upto)s)
  ORDER BY account_id, metric, seq
 
 -- name: chain_walk_since

@@ -326,6 +326,36 @@ def test_an_inserted_row_is_named(conn: Any, plans: Any) -> None:
     assert finding.row_id == rows(conn, account)[1].id and "fields do not match" in finding.problem
 
 
+def test_the_whole_ledger_is_walked_in_pages_of_whole_accounts(
+    conn: Any, plans: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pages of two accounts: every row is walked once, a break on a later page is found, and so is
+    a row of an account id that accounts does not hold, past the last page's end."""
+    monkeypatch.setattr(chain, "PAGE_ACCOUNTS", 2)
+    accounts = sorted(new_account(conn, plans) for _ in range(4))
+    for a in accounts:
+        for _ in range(3):
+            takes.take(conn, plans, account_id=a, metric=METRIC, actor="t")
+    assert chain.verify(conn).ok and chain.verify(conn).rows == 12
+    tamper(conn, "UPDATE ledger SET units = 5 WHERE id = %s", rows(conn, accounts[3])[1].id)
+    tamper(
+        conn,
+        "INSERT INTO ledger (seq, account_id, metric, period, kind, units, used_after, actor, hash)"
+        " VALUES (1, 'zzz-no-such-account', %s, %s, 'take', 1, 1, 'forger', %s)",
+        METRIC,
+        PERIOD,
+        b"\x00" * 32,
+    )
+
+    result = chain.verify(conn)
+
+    assert (result.accounts, result.rows) == (5, 13)
+    assert [(f.account_id, f.row_id is not None) for f in result.findings] == [
+        (accounts[3], True),
+        ("zzz-no-such-account", True),
+    ]
+
+
 def test_verify_one_account_and_since(conn: Any, plans: Any) -> None:
     a, b = new_account(conn, plans), new_account(conn, plans)
     for _ in range(3):
