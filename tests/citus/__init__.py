@@ -40,17 +40,7 @@ _SET_ROLE = (
     "SET ROLE to the NOLOGIN group quota_app: Citus opens the shards' connections as the current role, "
     "which may not log in (the service's login role works: tests/citus)"
 )
-_DELIVERY = (
-    "the delivery statement (subscription_delivery) names its account since 0013, but Citus 13.2 cannot "
-    "run its chain of CTEs yet: it refuses billing_deciding_subscription (an SQL function reading a "
-    "reference table: 'parameterized queries for SQL functions referencing distributed tables'), and "
-    "past that mishandles the intermediate results (a CTE of no column, now() in the locking CTE, the "
-    "subscription upsert reading the locking CTE: 'invalid byte sequence 0xff'); README 'Scaling out'"
-)
 CLUSTER_GAPS: dict[str, str] = {
-    "tests/webhooks/test_ordering.py": _DELIVERY,
-    "tests/webhooks/test_replay.py": _DELIVERY,
-    "tests/citus/test_cluster.py::test_a_webhook_delivery_touches_its_accounts_shard_alone": _DELIVERY,
     "tests/db/test_append_only.py::test_application_role_lacks_the_privilege": _SET_ROLE,
     "tests/db/test_append_only.py::test_application_role_can_read_and_append": _SET_ROLE,
     "tests/db/test_chain.py::test_every_writer_chains_as_the_application_role": _SET_ROLE,
