@@ -3,7 +3,8 @@
 `QUOTA_TEST_CITUS=1 pytest -m citus` (what .ci/run does after its plain run) starts a local cluster
 (tests/citus/cluster.py) and runs the tests marked `citus` against it: every test database is a clone
 of one migrated cluster database, so migration 0012 has distributed the tables. The marked subset is
-the tests in CLUSTER_SUITE (the per-account operations, their races, the jobs, finance) plus
+the tests in CLUSTER_SUITE (the per-account operations, their races, the jobs, finance, webhook
+deliveries and their races) plus
 tests/citus itself, which checks what only a cluster shows (router plans, append-only on shards).
 """
 
@@ -30,6 +31,9 @@ CLUSTER_SUITE = (
     "tests/workers/test_plan_sync.py",
     "tests/webhooks/test_ordering.py",
     "tests/webhooks/test_replay.py",
+    "tests/webhooks/test_one_statement.py",
+    "tests/webhooks/test_concurrency.py",
+    "tests/webhooks/test_isolation.py",
 )
 
 # What of CLUSTER_SUITE does not hold on the cluster yet, and why (README "Scaling out", "Not yet on

@@ -19,6 +19,7 @@ from service.billing.inbox import Receipt
 from service.billing.plans import PlanConfig
 from service.quota.accounts import upsert_account
 from service.webhooks import revenuecat, stripe
+from tests.citus import on_cluster
 from tests.conftest import STRIPE_SECRET
 from tests.conftest import connect as connect_db
 from tests.webhooks.helpers import body_of, fixture, now, sign, stripe_subscription_event
@@ -49,13 +50,16 @@ def event(event_id: str, created: int, **fields: Any) -> dict[str, Any]:
 
 
 def wait_until_blocked(conn: Any, timeout: float = 20) -> None:
-    """Until some other backend of this database waits on a lock."""
+    """Until some other backend of this database waits on a lock (on a Citus cluster, on any node:
+    the account's row lock is on its shard's node)."""
+    waits = (
+        "SELECT count(*) FROM citus_lock_waits"
+        if on_cluster()
+        else "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-        ).fetchone()
+        row = conn.execute(waits).fetchone()
         if row and row[0]:
             return
         time.sleep(0.02)
