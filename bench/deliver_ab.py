@@ -79,7 +79,12 @@ class Events:
         price, status = self.state[a]
         event, sub = self.event, self.event["data"]["object"]
         event.update(id=f"evt_ab_{self.seq}", created=self.created)
-        sub.update(id=f"sub_bench_{a}", customer=f"cus_bench_{a}", status=status, metadata={"account_id": account_name(a)})
+        sub.update(
+            id=f"sub_bench_{a}",
+            customer=f"cus_bench_{a}",
+            status=status,
+            metadata={"account_id": account_name(a)},
+        )
         item = sub["items"]["data"][0]
         item["price"].update(id=f"price_{price}", lookup_key=price)
         item["plan"].update(id=f"price_{price}")
@@ -142,14 +147,20 @@ def main() -> int:
             s, f = got["statement"][-1], got["function"][-1]
             print(
                 f"batch {i + 1}: statement cpu {s[0]:.3f} ms wall {s[1]:.3f} ms | "
-                f"function cpu {f[0]:.3f} ms wall {f[1]:.3f} ms | ratio cpu {f[0] / s[0]:.2f} wall {f[1] / s[1]:.2f}",
+                f"function cpu {f[0]:.3f} ms wall {f[1]:.3f} ms | "
+                f"ratio cpu {f[0] / s[0]:.2f} wall {f[1] / s[1]:.2f}",
                 flush=True,
             )
         for k, what in ((0, "backend CPU"), (1, "wall")):
             s = statistics.median(x[k] for x in got["statement"])
             f = statistics.median(x[k] for x in got["function"])
-            ratios = statistics.median(b[k] / a[k] for a, b in zip(got["statement"], got["function"], strict=True))
-            print(f"median {what} per delivery: statement {s:.3f} ms, function {f:.3f} ms; ratio per batch {ratios:.2f}")
+            ratios = statistics.median(
+                b[k] / a[k] for a, b in zip(got["statement"], got["function"], strict=True)
+            )
+            print(
+                f"median {what} per delivery: statement {s:.3f} ms, function {f:.3f} ms; "
+                f"ratio per batch {ratios:.2f}"
+            )
     finally:
         for c in conns.values():
             c.close()

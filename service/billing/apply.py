@@ -397,8 +397,9 @@ def follow_subscriptions(conn: Connection, plans: PlanConfig, account_ids: set[s
 
 def lock_accounts(conn: Connection, account_ids: Iterable[str]) -> list[Resolved]:
     """Lock these accounts for a billing change, in id order, as resolve_account locks one (a
-    concurrent delivery for one of them waits); returns those that exist. One statement per account, each on its account's shard on Citus: the id order keeps two
-    callers from deadlocking, as one statement's ORDER BY did. (Several accounts are rare: a
+    concurrent delivery for one of them waits); returns those that exist. One statement per
+    account, each on its account's shard on Citus: the id order keeps two callers from
+    deadlocking, as one statement's ORDER BY did. (Several accounts are rare: a
     transfer and the owner a subscription moved from.)"""
     locked = (lock_account(conn, account_id) for account_id in sorted(set(account_ids)))
     return [account for account in locked if account is not None]

@@ -191,7 +191,9 @@ def test_a_webhook_delivery_touches_its_accounts_shard_alone(conn, plans, resolv
 
     sent = _commands(conn, lambda: deliver_subscription(conn, params))
 
-    assert conn.execute("SELECT plan, subscription_status FROM accounts WHERE id = %s", (account,)).fetchone() == (
+    assert conn.execute(
+        "SELECT plan, subscription_status FROM accounts WHERE id = %s", (account,)
+    ).fetchone() == (
         "pro",
         "active",
     )

@@ -55,7 +55,8 @@ def wait_until_blocked(conn: Any, timeout: float = 20) -> None:
     waits = (
         "SELECT count(*) FROM citus_lock_waits"
         if on_cluster()
-        else "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        else "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
     )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -151,9 +152,7 @@ def test_a_stale_or_duplicate_delivery_changes_nothing(conn: Any, plans: PlanCon
     assert account_row(conn) == after_first  # not even the version moved
 
 
-def test_it_waits_for_a_concurrent_change_of_the_account(
-    conn: Any, db_url: str, plans: PlanConfig
-) -> None:
+def test_it_waits_for_a_concurrent_change_of_the_account(conn: Any, db_url: str, plans: PlanConfig) -> None:
     """The upgrade race, made deterministic: a delivery creating subscription 2 holds the account
     (uncommitted) while a delivery canceling subscription 1 starts. A snapshot taken before the
     first commits does not see subscription 2; deciding from it would leave the account canceled
