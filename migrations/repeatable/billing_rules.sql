@@ -41,12 +41,12 @@ $$;
 -- `created` has 1 s resolution and Stripe does not order deliveries): the later stage wins, so every
 -- delivery order ends in the same state. incomplete, then trialing, active, past_due, unpaid,
 -- paused, then the ended ones. Every status has its own rank: a tie between two different statuses
--- always has one answer.
+-- always has one answer. (A position in a list rather than `CASE status WHEN ...`: Citus 13.2,
+-- sending billing_deliver's upsert to the nodes, turns the WHEN values of a simple CASE into NULLs.)
 CREATE OR REPLACE FUNCTION subscription_lifecycle_rank(status text) RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT CASE status WHEN 'incomplete' THEN 0 WHEN 'trialing' THEN 1 WHEN 'active' THEN 2
-                       WHEN 'past_due' THEN 3 WHEN 'unpaid' THEN 4 WHEN 'paused' THEN 5
-                       WHEN 'canceled' THEN 6 WHEN 'expired' THEN 7 ELSE -1 END
+    SELECT coalesce(array_position(ARRAY['incomplete', 'trialing', 'active', 'past_due', 'unpaid',
+                                         'paused', 'canceled', 'expired'], status) - 1, -1)
 $$;
 
 -- The best-subscription choice: the subscription that decides an account's tier and status, the
@@ -54,11 +54,16 @@ $$;
 -- subscription as a statement is about to store it (its own write is not visible to the statement
 -- that makes it), in place of the stored row of that id; p_subscription_id NULL: the stored rows
 -- alone. p_without_temporary leaves out the account's temporary grants of p_provider (a real
--- purchase's event supersedes them). A set-returning SQL function of one SELECT: inlined.
+-- purchase's event supersedes them). PL/pgSQL, not an inlined SQL function: Citus refuses a SQL
+-- function that reads a reference table when its arguments are parameters (billing_deliver's), and
+-- plans a PL/pgSQL function's query as a query of its own.
 CREATE OR REPLACE FUNCTION billing_deciding_subscription(
     p_account_id text, p_provider text, p_subscription_id text, p_plan text, p_status text,
     p_event_at timestamptz, p_without_temporary boolean
-) RETURNS TABLE (plan text, status text) LANGUAGE sql STABLE AS $$
+) RETURNS TABLE (plan text, status text) LANGUAGE plpgsql STABLE AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
     SELECT c.plan, c.status
       FROM (SELECT s.subscription_id, s.plan, s.status::text AS status, s.event_at
               FROM subscriptions s
@@ -70,7 +75,8 @@ CREATE OR REPLACE FUNCTION billing_deciding_subscription(
             SELECT p_subscription_id, p_plan, p_status, p_event_at
              WHERE p_subscription_id IS NOT NULL) c
      ORDER BY subscription_access_rank(c.status), c.event_at DESC, c.subscription_id
-     LIMIT 1
+     LIMIT 1;
+END
 $$;
 
 -- The ordering rule: does an event (new_*) replace a subscription's stored state (stored_*)?
@@ -223,5 +229,209 @@ BEGIN
                ARRAY(SELECT p_lapsed FROM target ORDER BY metric),
                p_actor);
     RETURN changes;
+END
+$$;
+
+-- A subscription event's delivery, whole: dedupe and store it, apply the ordering rule to the
+-- subscription, link the customer, decide the account's tier and status from all its
+-- subscriptions, and bring its plan limits in line (audit rows). Called as one statement
+-- (`SELECT * FROM billing_deliver(...)`, service/billing/apply.sql), in autocommit the whole delivery
+-- in one round trip and one commit; the same on one PostgreSQL and on Citus.
+--
+-- The account is p_account_id, and the first thing the function does is lock it (FOR NO KEY UPDATE,
+-- which does not wait on the FOR KEY SHARE locks of foreign keys). Every transaction that changes an
+-- account's subscriptions holds that lock (account_lock, the expiry job, this function), and each
+-- statement below takes a fresh snapshot under READ COMMITTED (a VOLATILE function), so every
+-- statement after the lock sees every change to the account's subscriptions committed before it,
+-- and a concurrent delivery for the same account waits rather than decides from an old snapshot.
+-- Every statement names the account for the account tables (accounts, and quotas and audit_log in
+-- quotas_follow_plan), so on Citus each is routed to the account's shard; the billing tables are
+-- reference tables. A statement of its own each, because Citus mishandles the intermediate results
+-- of a chain of data-modifying CTEs (README "Scaling out").
+--
+-- Who picks the account (service/billing/inbox.py): the first id the event names, when it names one
+-- (the common case), with p_resolved false: if that account exists, it is the one billing_account
+-- would pick (named ids come first); if it does not, nothing is written and the answer is
+-- `unresolved`. Otherwise billing_account picks it first, and p_resolved is true (NULL: unmatched,
+-- the event is stored so). p_store false (a replay): the inbox row exists; only the outcome is said.
+-- p_locked: the caller holds the account's lock in a transaction (the locked path), so a
+-- subscription may move here from another account, and the caller then recomputes `moved_from`;
+-- otherwise such a move raises serialization_failure (billing_take_locked_path), all of it rolls
+-- back, and the caller takes the locked path, which locks both accounts. So does a copy of the event
+-- stored meanwhile by a delivery that found another account (the unique index is the dedupe).
+--
+-- The answer: the inbox row (NULL: a duplicate, or not stored), the event's status (applied,
+-- ignored, unmatched, unresolved) and note, its account, the account a subscription moved from,
+-- the number of limit changes (NULL: tier and status unchanged), and `waiting`: stored unmatched
+-- events may now apply (inbox.apply_waiting), looked for only when the event opened a subscription
+-- or linked a customer, which is rare.
+CREATE OR REPLACE FUNCTION billing_deliver(
+    p_account_id text, p_resolved boolean, p_store boolean, p_locked boolean,
+    p_provider text, p_event_id text, p_type text, p_occurred_at timestamptz, p_payload text,
+    p_account_ids text[], p_subscription_id text, p_customer_id text,
+    p_plan text, p_status text, p_status_if_new text, p_final boolean, p_opens boolean,
+    p_expires_at timestamptz, p_supersedes_temporary boolean,
+    p_note text, p_unmatched_note text, p_actor text,
+    p_free_plan text, p_plan_names text[], p_plan_metrics text[], p_plan_limits bigint[],
+    OUT inbox_id bigint, OUT status text, OUT note text, OUT account_id text, OUT moved_from text,
+    OUT limit_changes integer, OUT waiting boolean
+) LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    v_plan text;            -- the account's tier and status before the event
+    v_status text;
+    v_prior text;           -- the subscription's owner before the event; NULL: it is new
+    v_applied boolean := false;
+    v_linked_to text;       -- the account the customer was linked to before the event
+    v_best_plan text;       -- the account's deciding subscription after the event
+    v_best_status text;
+    v_new_plan text;
+    -- The transaction's time, as a value: Citus refuses a call of now() in an upsert's SET.
+    v_now timestamptz := now();
+BEGIN
+    waiting := false;
+    IF p_account_id IS NOT NULL THEN
+        SELECT a.plan, a.subscription_status INTO v_plan, v_status
+          FROM accounts a
+         WHERE a.id = p_account_id
+           FOR NO KEY UPDATE;
+    END IF;
+    IF v_plan IS NULL THEN  -- no such account (plan is NOT NULL)
+        IF NOT p_resolved THEN
+            status := 'unresolved';
+            RETURN;
+        END IF;
+        status := 'unmatched';
+        note := p_unmatched_note;
+        IF p_store THEN
+            INSERT INTO webhook_events (provider, event_id, type, occurred_at, status, note,
+                                        subscription_id, customer_id, named_accounts, payload,
+                                        processed_at)
+            VALUES (p_provider, p_event_id, p_type, p_occurred_at, 'unmatched', p_unmatched_note,
+                    p_subscription_id, p_customer_id, p_account_ids, p_payload::json, v_now)
+            ON CONFLICT (provider, event_id) DO NOTHING
+            RETURNING id INTO inbox_id;
+        END IF;
+        RETURN;
+    END IF;
+    account_id := p_account_id;
+
+    -- Dedupe: a copy delivered before, or concurrently for the same account (it held the lock until
+    -- it committed), is stored already. Nothing changes; no inbox row back.
+    IF p_store AND EXISTS (SELECT FROM webhook_events w
+                            WHERE w.provider = p_provider AND w.event_id = p_event_id) THEN
+        status := 'ignored';
+        RETURN;
+    END IF;
+
+    -- The ordering rule (billing_event_wins), under the subscription's row lock. A status that keeps
+    -- access with an end that has passed is stored `expired` (billing_effective_status).
+    INSERT INTO subscriptions AS s (provider, subscription_id, account_id, plan, status, final,
+                                    event_at, event_id, expires_at)
+    VALUES (p_provider, p_subscription_id, p_account_id, p_plan,
+            billing_effective_status(coalesce(p_status, p_status_if_new), p_expires_at, v_now),
+            p_final, p_occurred_at, p_event_id, p_expires_at)
+    ON CONFLICT (provider, subscription_id) DO UPDATE
+       SET prior_account_id = s.account_id,
+           account_id = EXCLUDED.account_id,
+           plan = coalesce(EXCLUDED.plan, s.plan),
+           status = billing_effective_status(coalesce(p_status, s.status), EXCLUDED.expires_at, v_now),
+           final = EXCLUDED.final,
+           event_at = EXCLUDED.event_at,
+           event_id = EXCLUDED.event_id,
+           expires_at = EXCLUDED.expires_at,
+           updated_at = v_now
+     WHERE billing_event_wins(s.final, s.event_at, s.status, s.event_id, EXCLUDED.final,
+                              EXCLUDED.event_at, coalesce(p_status, s.status), EXCLUDED.event_id,
+                              p_opens)
+    RETURNING s.prior_account_id INTO v_prior;
+    v_applied := FOUND;
+
+    IF NOT v_applied THEN
+        status := 'ignored';
+        SELECT CASE WHEN cur.final AND cur.event_at <= p_occurred_at
+                    THEN 'subscription ended (' || cur.status || ') for good; a later event does '
+                         'not reopen it'
+                    ELSE 'older than the stored state (' || cur.status || ' from ' || cur.event_id
+                         || ' at ' || cur.event_at || '); not applied' END
+          INTO note
+          FROM subscriptions cur
+         WHERE cur.provider = p_provider AND cur.subscription_id = p_subscription_id;
+    ELSE
+        IF v_prior <> p_account_id THEN
+            IF NOT p_locked THEN
+                PERFORM billing_take_locked_path('the subscription moves from another account');
+            END IF;
+            moved_from := v_prior;
+        END IF;
+
+        -- A RevenueCat event about a real purchase ends the account's temporary entitlement
+        -- grants, which stood in for it.
+        IF p_supersedes_temporary THEN
+            UPDATE subscriptions t
+               SET status = 'expired', expires_at = least(t.expires_at, v_now), updated_at = v_now
+             WHERE t.account_id = p_account_id AND t.provider = p_provider
+               AND t.subscription_id LIKE 'temporary:%' AND t.subscription_id <> p_subscription_id
+               AND t.status <> 'expired';
+        END IF;
+
+        -- A customer keeps the first account it was linked to.
+        IF p_customer_id IS NOT NULL THEN
+            SELECT l.account_id INTO v_linked_to
+              FROM customer_links l
+             WHERE l.provider = p_provider AND l.customer_id = p_customer_id;
+            IF v_linked_to IS NULL THEN
+                INSERT INTO customer_links (provider, customer_id, account_id, event_id)
+                VALUES (p_provider, p_customer_id, p_account_id, p_event_id)
+                ON CONFLICT (provider, customer_id) DO NOTHING;
+            END IF;
+        END IF;
+
+        -- The account follows its deciding subscription, this event's write included; its version
+        -- moves whenever its subscriptions changed.
+        SELECT b.plan, b.status INTO v_best_plan, v_best_status
+          FROM billing_deciding_subscription(p_account_id, p_provider, NULL, NULL, NULL, NULL,
+                                             p_supersedes_temporary) b;
+        v_new_plan := coalesce(v_best_plan, v_plan);
+        IF (v_new_plan, v_best_status) IS DISTINCT FROM (v_plan, v_status) THEN
+            UPDATE accounts a
+               SET plan = v_new_plan, subscription_status = v_best_status,
+                   billing_version = a.billing_version + 1, updated_at = v_now
+             WHERE a.id = p_account_id;
+            -- Only then: the quota and audit writes cost even when they change nothing (0006).
+            limit_changes := quotas_follow_plan(p_account_id, v_new_plan,
+                                                billing_is_lapsed(v_new_plan, v_best_status, p_free_plan),
+                                                p_actor, p_free_plan, p_plan_names, p_plan_metrics,
+                                                p_plan_limits);
+        ELSE
+            UPDATE accounts a
+               SET billing_version = a.billing_version + 1
+             WHERE a.id = p_account_id;
+        END IF;
+
+        status := 'applied';
+        note := nullif(concat_ws('; ', p_note,
+                                 'customer ' || quote_literal(p_customer_id) || ' stays linked to account '
+                                 || quote_literal(nullif(v_linked_to, p_account_id))), '');
+        IF v_prior IS NULL OR (p_customer_id IS NOT NULL AND v_linked_to IS NULL) THEN
+            waiting := EXISTS (SELECT FROM webhook_events w
+                                WHERE w.status = 'unmatched' AND w.provider = p_provider
+                                  AND (w.subscription_id = p_subscription_id
+                                       OR w.customer_id = p_customer_id
+                                       OR w.named_accounts && p_account_ids));
+        END IF;
+    END IF;
+
+    IF p_store THEN
+        INSERT INTO webhook_events (provider, event_id, type, occurred_at, status, note, account_id,
+                                    subscription_id, customer_id, payload, processed_at)
+        VALUES (p_provider, p_event_id, p_type, p_occurred_at, status, note, p_account_id,
+                p_subscription_id, p_customer_id, p_payload::json, v_now)
+        ON CONFLICT (provider, event_id) DO NOTHING
+        RETURNING id INTO inbox_id;
+        IF inbox_id IS NULL AND v_applied THEN
+            PERFORM billing_take_locked_path('a copy of this event was stored meanwhile');
+        END IF;
+    END IF;
 END
 $$;

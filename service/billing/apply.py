@@ -1,17 +1,19 @@
 """Apply a provider-neutral billing change to our state: subscriptions, customer links, and the
 account's plan tier and subscription status, which follow its subscriptions.
 
-Only tier and status change on an account (through `accounts.apply_plan`, or subscription_delivery,
-which does the same within its statement); no usage counter, ledger row or override is touched
-here. Everything runs in the caller's transaction.
+Only tier and status change on an account (through `accounts.apply_plan`, or billing_deliver,
+which does the same in the database); no usage counter, ledger row or override is touched here.
+Everything runs in the caller's transaction.
 
-Concurrency: a subscription event is one statement (subscription_delivery) that decides the
-account's tier and status from all the account's subscriptions, guarded by the account's
-billing_version: every transaction that changes an account's subscriptions holds the account's row
-lock and bumps it, so the statement either saw every change to them or gives way, and the delivery
-runs again with the account locked first (resolve_account), as replays and the rarer paths do: a
-transfer, a subscription that moved from another account. Those lock the accounts as they go and
-recompute them; a deadlock there is retried by the inbox.
+Concurrency: a subscription event is one statement, a call of the PL/pgSQL function billing_deliver
+(migrations/repeatable/billing_rules.sql), which locks the account first and then decides its tier
+and status from all its subscriptions, each of its statements with a fresh snapshot: every
+transaction that changes an account's subscriptions holds the account's row lock, so a concurrent
+delivery waits for it and then sees its change. Only a subscription that moves from another account
+(and a copy of the event stored meanwhile for another account) makes it give way: the delivery runs
+again in a transaction that locks the account (resolve_account), as replays and the rarer paths do
+(a transfer), and the previous owner is then locked and recomputed; a deadlock there is retried by
+the inbox.
 
 One shard per account (Citus, README "Scaling out"): the account is found first, by a read of the
 billing tables (find_account_for; skipped when the event names an existing account), and every
@@ -41,7 +43,7 @@ from service.billing.plans import PlanConfig, array_literal
 from service.db import Connection, Positional, Q
 from service.quota.accounts import apply_plan
 
-_DELIVERY = Positional.of(Q.subscription_delivery)
+_DELIVERY = Positional.of(Q.billing_deliver)
 
 # An account whose last subscription moved away (RevenueCat TRANSFER) keeps its tier as the provider
 # last said, with this status: it has no access any more, like an expired subscription.
@@ -125,10 +127,10 @@ def find_account_for(conn: Connection, provider: str, keys: Lookup) -> str | Non
 
 def resolve_account(conn: Connection, provider: str, keys: Lookup) -> Resolved | None:
     """The account `keys` name (find_account_for), locked until commit and its billing_version
-    bumped, so that a one-statement delivery begun before gives way. None: unmatched. Never creates
-    an account. Found, then locked by its id: two statements, so that on Citus the lock is on the
-    account's shard alone. What a delivery does next under the lock sees every change committed
-    before, and a subscription that moved meanwhile is caught by the delivery statement itself."""
+    bumped. None: unmatched. Never creates an account. Found, then locked by its id: two
+    statements, so that on Citus the lock is on the account's shard alone. What a delivery does next
+    under the lock sees every change committed before, and a subscription that moved meanwhile is
+    caught by billing_deliver itself."""
     account_id = find_account_for(conn, provider, keys)
     if account_id is None:
         return None
@@ -165,7 +167,7 @@ def apply_change(
 
 @dataclass(frozen=True, kw_only=True)
 class Delivered:
-    """What subscription_delivery did: the inbox row (None: a duplicate, or not stored, a replay),
+    """What billing_deliver did: the inbox row (None: a duplicate, or not stored, a replay),
     the event's status and note, its account, the account a subscription moved from, and whether
     stored unmatched events may now apply (`waiting`: see inbox.apply_waiting)."""
 
@@ -177,7 +179,7 @@ class Delivered:
     waiting: bool = False
 
 
-# What subscription_delivery answers when the account it was given as the event's first named id
+# What billing_deliver answers when the account it was given as the event's first named id
 # does not exist: nothing was written or stored; find the account (find_account_for) and run again.
 UNRESOLVED = "unresolved"
 
@@ -193,11 +195,12 @@ def delivery_params(
     account_id: str | None,
     resolved: bool,
 ) -> dict[str, object]:
-    """subscription_delivery's parameters: store (if `store`) and apply `change` for `account_id`.
+    """billing_deliver's parameters: store (if `store`) and apply `change` for `account_id`.
     `resolved` says the caller found the account (find_account_for; None: unmatched); otherwise
     `account_id` is the first id the event names, and status UNRESOLVED answers that no such account
-    exists (nothing written). `locked` says the caller holds the account's lock (resolve_account), so
-    a subscription may move here, and the caller then recomputes `moved_from`."""
+    exists (nothing written). `locked` says the caller holds the account's lock in a transaction
+    (resolve_account), so a subscription may move here, and the caller then recomputes
+    `moved_from`."""
     plan = plan_for(plans, change.plan_keys)
     note = None
     if plan is None and change.plan_keys != PlanKeys():
@@ -211,7 +214,6 @@ def delivery_params(
         "account_ids": array_literal(change.account_ids),  # a str: psycopg adapts it at once
         "subscription_id": change.subscription_id,
         "customer_id": change.customer_id,
-        "link_customer_id": change.customer_id,
         "plan": plan,
         "status": change.status,
         "status_if_new": change.status_if_new,
@@ -231,22 +233,22 @@ def delivery_params(
 
 
 def deliver_subscription(conn: Connection, params: dict[str, object]) -> Delivered:
-    """Run subscription_delivery with `params` (delivery_params): store and apply the change in one
-    statement. Raises psycopg's SerializationFailure when it cannot decide alone (see the
-    statement)."""
+    """Run billing_deliver with `params` (delivery_params): store and apply the change in one
+    statement. Raises psycopg's SerializationFailure when it cannot decide alone (a subscription
+    moving from another account without `locked`, a copy stored meanwhile: see the function)."""
     with psycopg.RawCursor(conn) as cur:
         row = _DELIVERY.execute(cur, params).fetchone()
     assert row is not None  # the statement always answers one row
-    # A plain tuple: class_row would read the column names again on every execute. gave_way raises
-    # rather than answers, and limit_changes is not needed here.
-    got = cast(tuple[int | None, str, str | None, str | None, str | None, None, int | None, bool], row)
+    # A plain tuple: class_row would read the column names again on every execute. limit_changes is
+    # not needed here.
+    got = cast(tuple[int | None, str, str | None, str | None, str | None, int | None, bool | None], row)
     return Delivered(
         inbox_id=got[0],
         status=got[1],
         note=got[2],
         account_id=got[3],
         moved_from=got[4],
-        waiting=bool(got[7]),
+        waiting=bool(got[6]),
     )
 
 
@@ -260,7 +262,7 @@ def deliver_subscription_locked(
     actor: str,
     store: bool,
 ) -> Delivered:
-    """subscription_delivery for a caller that holds `account`'s lock (resolve_account; None:
+    """billing_deliver for a caller that holds `account`'s lock (resolve_account; None:
     unmatched): a subscription may move here, and its previous owner's tier and status are then
     recomputed."""
     params = delivery_params(
@@ -394,10 +396,10 @@ def follow_subscriptions(conn: Connection, plans: PlanConfig, account_ids: set[s
 
 
 def lock_accounts(conn: Connection, account_ids: Iterable[str]) -> list[Resolved]:
-    """Lock these accounts for a billing change, in id order, as resolve_account locks one (their
-    billing_version moves, so a concurrent one-statement delivery gives way); returns those that
-    exist. One statement per account, each on its account's shard on Citus: the id order keeps two
-    callers from deadlocking, as one statement's ORDER BY did. (Several accounts are rare: a
+    """Lock these accounts for a billing change, in id order, as resolve_account locks one (a
+    concurrent delivery for one of them waits); returns those that exist. One statement per
+    account, each on its account's shard on Citus: the id order keeps two callers from
+    deadlocking, as one statement's ORDER BY did. (Several accounts are rare: a
     transfer and the owner a subscription moved from.)"""
     locked = (lock_account(conn, account_id) for account_id in sorted(set(account_ids)))
     return [account for account in locked if account is not None]

@@ -4,8 +4,9 @@ so are ended here, and their accounts' tier, status and limits follow (apply_pla
 
 Run by the hourly worker task and `quota-ledger expire-access`; safe to run twice and concurrently
 with deliveries: each account is handled in its own short transaction under its row lock (the lock
-and billing_version bump of the locked delivery path), so a one-statement delivery for the same
-account gives way, and the statement that ends a subscription re-checks that it is still due.
+and billing_version bump of the locked delivery path), so a delivery for the same account
+(billing_deliver, which locks it first) waits for it, and the statement that ends a subscription
+re-checks that it is still due.
 """
 
 from __future__ import annotations

@@ -5,18 +5,21 @@ in one short transaction. Dedupe is the unique (provider, event_id) constraint w
 `INSERT ... ON CONFLICT DO NOTHING RETURNING`, never a lookup, so concurrent copies of one delivery
 store and apply it once.
 
-A subscription event, the common case, is one statement in autocommit (subscription_delivery:
-store, order, apply, and the commit, in one round trip), for the account the event names first.
-When the event names no account that exists (an event found by its subscription or customer), a
-read of the billing tables finds the account first (find_account_for), and the statement runs for
-it: two round trips. The statement always names its account so that on Citus it runs on the
-account's shard (README "Scaling out"). When that statement cannot decide alone
-(a concurrent change to the same account, a copy stored meanwhile, a subscription moving between
-accounts) it rolls back whole, and the delivery runs again on the locked path: a transaction that
-locks the account, then runs the same statement. Customer links and transfers always take a
-transaction: lock the account, store the row, apply, correct the row.
+A subscription event, the common case, is one statement in autocommit (a call of billing_deliver,
+migrations/repeatable/billing_rules.sql: lock the account, store, order, apply, and the commit, in
+one round trip), for the account the event names first. When the event names no account that
+exists (an event found by its subscription or customer), a read of the billing tables finds the
+account first (find_account_for), and the function runs for it: two round trips. The function locks
+its account before it reads the account's subscriptions, so a concurrent change to the account is
+waited for, not given way to, and each of its statements names the account, so that on Citus it
+runs on the account's shard (README "Scaling out"). When it cannot decide alone (a subscription
+moving from another account, which it has not locked; a copy of the event stored meanwhile for
+another account) it rolls back whole, and the delivery runs again on the locked path: a transaction
+that locks the account, runs the same function, then locks and recomputes the subscription's
+previous owner. Customer links and transfers always take a transaction: lock the account, store the
+row, apply, correct the row.
 
-Only the conflicts the one statement is designed to give way on (serialization failures it raises
+Only the conflicts the function is designed to give way on (serialization failures it raises
 itself, and deadlocks) send a delivery to the locked path; any other error there is logged at
 ERROR and the event stored `failed`, like a failure on the locked path.
 
@@ -86,7 +89,8 @@ LINK_ACTOR = "link"
 class Receipt:
     """The answer to a delivery: the inbox row, its status, whether it was a duplicate, and
     whether it took the locked path (a transaction that locks the account first) because the
-    one-statement delivery gave way or does not apply (customer links, transfers)."""
+    one-statement delivery gave way (a subscription moving between accounts) or does not apply
+    (customer links, transfers)."""
 
     id: int | None
     status: str
@@ -186,9 +190,8 @@ def _in_one_statement(
 ) -> Receipt | None:
     """The common case, a subscription event, as one statement in autocommit: store, apply, commit
     in one round trip (two when the event names no existing account: see the module). None: it gave
-    way (a concurrent change to the account, a copy stored meanwhile, a subscription moving between
-    accounts) or failed, and rolled back whole; the caller takes the locked path, which also turns
-    a failure into a `failed` row."""
+    way (a subscription moving between accounts, a copy stored meanwhile for another account) or
+    deadlocked, and rolled back whole; the caller takes the locked path."""
 
     def deliver(account_id: str | None, *, resolved: bool) -> Delivered:
         params = delivery_params(
@@ -208,7 +211,7 @@ def _in_one_statement(
         if done is None or done.status == UNRESOLVED:
             done = deliver(find_account_for(conn, env.provider, lookup(change)), resolved=True)
     except RETRYABLE:
-        return None  # the designed way out: the statement gave way (or deadlocked)
+        return None  # the designed way out: the function gave way (or deadlocked)
     except psycopg.OperationalError:
         raise  # the database is unreachable: nothing stored, the provider retries
     except psycopg.DataError:

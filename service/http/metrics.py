@@ -22,7 +22,7 @@ RELEASES = Counter("quota_releases_total", "Releases by outcome", ["outcome"])
 WEBHOOKS = Counter(
     "quota_webhook_deliveries_total",
     "Verified webhook deliveries by provider, inbox status, and path: one_statement, or locked (the "
-    "one-statement delivery gave way to a concurrent change of the account, or the event is a "
+    "one-statement delivery gave way to a subscription moving between accounts, or the event is a "
     "customer link or transfer); duplicates have status duplicate",
     ["provider", "status", "path"],
 )

@@ -3,7 +3,8 @@
 `QUOTA_TEST_CITUS=1 pytest -m citus` (what .ci/run does after its plain run) starts a local cluster
 (tests/citus/cluster.py) and runs the tests marked `citus` against it: every test database is a clone
 of one migrated cluster database, so migration 0012 has distributed the tables. The marked subset is
-the tests in CLUSTER_SUITE (the per-account operations, their races, the jobs, finance) plus
+the tests in CLUSTER_SUITE (the per-account operations, their races, the jobs, finance, webhook
+deliveries and their races) plus
 tests/citus itself, which checks what only a cluster shows (router plans, append-only on shards).
 """
 
@@ -30,24 +31,16 @@ CLUSTER_SUITE = (
     "tests/workers/test_plan_sync.py",
     "tests/webhooks/test_ordering.py",
     "tests/webhooks/test_replay.py",
+    "tests/webhooks/test_one_statement.py",
+    "tests/webhooks/test_concurrency.py",
+    "tests/webhooks/test_isolation.py",
 )
 
 # What of CLUSTER_SUITE does not hold on the cluster yet, and why (README "Scaling out", "Not yet on
 # Citus"). A module is skipped there (its statements are refused outright; running them would only
 # make the cluster run longer); a test is marked xfail(strict), so that one that starts passing
 # fails the run until it leaves this list.
-_DELIVERY = (
-    "the delivery statement (subscription_delivery) names its account since 0013, but Citus 13.2 cannot "
-    "run its chain of CTEs yet: it refuses billing_deciding_subscription (an SQL function reading a "
-    "reference table: 'parameterized queries for SQL functions referencing distributed tables'), and "
-    "past that mishandles the intermediate results (a CTE of no column, now() in the locking CTE, the "
-    "subscription upsert reading the locking CTE: 'invalid byte sequence 0xff'); README 'Scaling out'"
-)
-CLUSTER_GAPS: dict[str, str] = {
-    "tests/webhooks/test_ordering.py": _DELIVERY,
-    "tests/webhooks/test_replay.py": _DELIVERY,
-    "tests/citus/test_cluster.py::test_a_webhook_delivery_touches_its_accounts_shard_alone": _DELIVERY,
-}
+CLUSTER_GAPS: dict[str, str] = {}
 
 
 def on_cluster() -> bool:

@@ -5,6 +5,7 @@ run (QUOTA_TEST_CITUS=1, .ci/run); the suite's own tests marked `citus` cover th
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -12,7 +13,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from service.billing.apply import delivery_params
+from service.billing.apply import deliver_subscription, delivery_params
 from service.billing.events import Envelope, PlanKeys, SubscriptionChange
 from service.billing.plans import PlanConfig
 from service.db import Q
@@ -137,19 +138,19 @@ def test_a_customer_claim_is_one_router_task(conn, name):
     assert "Subplan" not in plan, plan
 
 
-def _delivery(plans: PlanConfig, *, account_id: str | None, resolved: bool) -> dict[str, Any]:
+def _delivery(plans: PlanConfig, *, account_id: str, resolved: bool, event_id: str) -> dict[str, Any]:
     env = Envelope(
         provider="stripe",
-        event_id="evt_1",
+        event_id=event_id,
         type="customer.subscription.updated",
         occurred_at=datetime(2026, 1, 5, tzinfo=UTC),
         body="{}",
         data={},
     )
     change = SubscriptionChange(
-        subscription_id="sub_1",
-        account_ids=("acc-1",),
-        customer_id="cus_1",
+        subscription_id=f"sub_{event_id}",
+        account_ids=(account_id,),
+        customer_id=f"cus_{event_id}",
         plan_keys=PlanKeys(stripe_prices=("pro_monthly",)),
         status="active",
         status_if_new="active",
@@ -159,15 +160,63 @@ def _delivery(plans: PlanConfig, *, account_id: str | None, resolved: bool) -> d
     )
 
 
+def _commands(conn: psycopg.Connection[Any], work: Callable[[], object]) -> list[str]:
+    """The commands the coordinator sends to the nodes (or runs on its own placements) for `work`."""
+    sent: list[str] = []
+
+    def keep(diag: psycopg.errors.Diagnostic) -> None:
+        message = diag.message_primary or ""
+        for prefix in ("issuing ", "executing the command locally: "):
+            if message.startswith(prefix):
+                sent.append(message.removeprefix(prefix))
+
+    conn.execute("SET citus.log_remote_commands = on")
+    conn.execute("SET citus.log_local_commands = on")
+    conn.add_notice_handler(keep)
+    try:
+        work()
+    finally:
+        conn.remove_notice_handler(keep)
+        conn.execute("RESET citus.log_remote_commands")
+        conn.execute("RESET citus.log_local_commands")
+    return sent
+
+
 @pytest.mark.parametrize("resolved", [False, True])
 def test_a_webhook_delivery_touches_its_accounts_shard_alone(conn, plans, resolved):
-    """The account's part of a delivery (subscription_delivery) names its account: its data-modifying
-    CTEs run as steps (the billing tables are reference tables, written on every node), and every
-    step that reads or writes an account table does it on the account's one shard, which it locks
-    (FOR NO KEY UPDATE) there alone."""
-    plan = _explain(conn, "subscription_delivery", _delivery(plans, account_id="acc-1", resolved=resolved))
-    _assert_one_shard_per_step(conn, plan)
-    assert re.search(r" on accounts_\d+", plan), plan
+    """A delivery (billing_deliver, one call run on the coordinator) sends each of its statements to
+    the account's shard (the account's lock and update, its counters' limits and their audit rows)
+    or to the billing tables' reference copies: every command that names an account table names a
+    shard of the one shard group that holds the account, and the account's row is locked there."""
+    account = new_account(conn, plans)
+    params = _delivery(plans, account_id=account, resolved=resolved, event_id=f"evt_{resolved}")
+
+    sent = _commands(conn, lambda: deliver_subscription(conn, params))
+
+    assert conn.execute(
+        "SELECT plan, subscription_status FROM accounts WHERE id = %s", (account,)
+    ).fetchone() == (
+        "pro",
+        "active",
+    )
+    shards = {
+        (table, int(shard))
+        for command in sent
+        for table, shard in re.findall(r"\b(accounts|quotas|ledger|audit_log)_(\d+)\b", command)
+    }
+    assert {t for t, _ in shards} == {"accounts", "quotas", "audit_log"}, sent  # limits followed the plan
+    groups = conn.execute(
+        "SELECT count(DISTINCT shardminvalue) FROM pg_dist_shard WHERE shardid = ANY(%s)",
+        ([s for _, s in shards],),
+    ).fetchone()[0]
+    assert groups == 1, sent
+    [holder] = conn.execute(
+        "SELECT shardid FROM pg_dist_shard WHERE logicalrelid = 'accounts'::regclass"
+        " AND get_shard_id_for_distribution_column('accounts', %s::text) = shardid",
+        (account,),
+    ).fetchone()
+    assert ("accounts", holder) in shards, sent
+    assert any(re.search(rf"accounts_{holder} a WHERE .* FOR NO KEY UPDATE", c) for c in sent), sent
 
 
 def test_finding_a_deliverys_account_reads_the_named_accounts_shard_alone(conn):

@@ -1,7 +1,7 @@
-"""The one-statement delivery and its way out: a subscription event is applied by one statement in
-autocommit, guarded by accounts.billing_version; when that statement's snapshot is not good enough
-(another transaction changed the account's subscriptions meanwhile), it rolls back whole and the
-delivery runs on the locked path. Real connections, real row locks, signed deliveries."""
+"""The one-statement delivery: a subscription event is applied by one statement in autocommit
+(billing_deliver), which locks the account first; when another transaction changes the account's
+subscriptions meanwhile, it waits for that one and decides from what it committed, in the same
+statement. Real connections, real row locks, signed deliveries."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from service.billing.inbox import Receipt
 from service.billing.plans import PlanConfig
 from service.quota.accounts import upsert_account
 from service.webhooks import revenuecat, stripe
+from tests.citus import on_cluster
 from tests.conftest import STRIPE_SECRET
 from tests.conftest import connect as connect_db
 from tests.webhooks.helpers import body_of, fixture, now, sign, stripe_subscription_event
@@ -49,13 +50,17 @@ def event(event_id: str, created: int, **fields: Any) -> dict[str, Any]:
 
 
 def wait_until_blocked(conn: Any, timeout: float = 20) -> None:
-    """Until some other backend of this database waits on a lock."""
+    """Until some other backend of this database waits on a lock (on a Citus cluster, on any node:
+    the account's row lock is on its shard's node)."""
+    waits = (
+        "SELECT count(*) FROM citus_lock_waits"
+        if on_cluster()
+        else "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-        ).fetchone()
+        row = conn.execute(waits).fetchone()
         if row and row[0]:
             return
         time.sleep(0.02)
@@ -147,13 +152,12 @@ def test_a_stale_or_duplicate_delivery_changes_nothing(conn: Any, plans: PlanCon
     assert account_row(conn) == after_first  # not even the version moved
 
 
-def test_it_gives_way_to_a_concurrent_change_of_the_account(
-    conn: Any, db_url: str, plans: PlanConfig
-) -> None:
+def test_it_waits_for_a_concurrent_change_of_the_account(conn: Any, db_url: str, plans: PlanConfig) -> None:
     """The upgrade race, made deterministic: a delivery creating subscription 2 holds the account
-    (uncommitted) while a delivery canceling subscription 1 starts. The second statement's snapshot
-    does not see subscription 2; deciding from it would leave the account canceled although an
-    active subscription exists. It must wait, see the version moved, give way, and decide again."""
+    (uncommitted) while a delivery canceling subscription 1 starts. A snapshot taken before the
+    first commits does not see subscription 2; deciding from it would leave the account canceled
+    although an active subscription exists. The second delivery must wait on the account's lock and
+    decide from a snapshot taken after it: still one statement."""
     upsert_account(conn, plans, account_id=ACCOUNT, kind="user")
     t = now() - 100
     receive(conn, plans, event("evt_sub1_created", t, sub_id="sub_1", price="pro_monthly"))
@@ -169,13 +173,13 @@ def test_it_gives_way_to_a_concurrent_change_of_the_account(
     )
 
     assert created.status == "applied"
-    assert (receipt.status, receipt.locked) == ("applied", True)
+    assert (receipt.status, receipt.locked) == ("applied", False)
     assert account_row(conn)[:2] == ("basic", "active")  # sub_2, active, decides
 
 
 def test_a_replay_also_moves_the_version(conn: Any, db_url: str, plans: PlanConfig) -> None:
-    """A replay (the locked path) bumps billing_version too, so a one-statement delivery that began
-    before it gives way."""
+    """A replay (the locked path) holds the account's lock and bumps billing_version, so a delivery
+    that starts meanwhile waits for it and sees the replayed subscription."""
     t = now() - 100
     unmatched = receive(conn, plans, event("evt_before_account", t, sub_id="sub_2", price="basic_monthly"))
     assert unmatched.status == "unmatched" and unmatched.id is not None
@@ -195,7 +199,7 @@ def test_a_replay_also_moves_the_version(conn: Any, db_url: str, plans: PlanConf
     )
 
     assert replayed.status == "applied"
-    assert receipt.locked
+    assert not receipt.locked  # it waited, in its one statement
     plan, status, after = account_row(conn)
     assert (plan, status) == ("basic", "active")
     assert after > version
@@ -205,8 +209,8 @@ def test_a_transfer_moves_the_version_of_the_account_it_fills(
     conn: Any, db_url: str, plans: PlanConfig
 ) -> None:
     """A RevenueCat TRANSFER (the locked path) moves a subscription into an account whose tier it
-    does not change, so only billing_version tells a concurrent one-statement delivery that the
-    account's subscriptions changed under its snapshot."""
+    does not change; it holds the account's lock (and bumps billing_version), so a delivery that
+    starts meanwhile waits for it and decides with the transferred subscription."""
     source, target = "acc_7f3c21", "acc_c0ffee"  # the transfer fixture's accounts
     for a in (source, target):
         upsert_account(conn, plans, account_id=a, kind="user")
@@ -240,5 +244,27 @@ def test_a_transfer_moves_the_version_of_the_account_it_fills(
     )
 
     assert (moved.status, moved.locked) == ("applied", True)
-    assert receipt.locked
+    assert not receipt.locked  # it waited, in its one statement
     assert account_row(conn, target)[:2] == ("pro", "active")  # the transferred subscription decides
+
+
+def test_a_subscription_moving_from_another_account_takes_the_locked_path(
+    conn: Any, plans: PlanConfig
+) -> None:
+    """The one case the statement gives way on for an account it locked: the subscription belongs to
+    another account, which it has not locked. The delivery runs again with both accounts locked, and
+    the previous owner follows its remaining subscriptions (none: its tier stays, expired)."""
+    other = "acc_one_statement_before"
+    for a in (ACCOUNT, other):
+        upsert_account(conn, plans, account_id=a, kind="user")
+    t = now() - 100
+    first = stripe_subscription_event(event_id="evt_owner_1", created=t, account_id=other, customer="cus_a")
+    assert receive(conn, plans, first).status == "applied"
+
+    moved = receive(conn, plans, event("evt_owner_2", t + 1, customer="cus_b"))
+
+    assert (moved.status, moved.locked) == ("applied", True)
+    assert account_row(conn)[:2] == ("pro", "active")
+    assert account_row(conn, other)[:2] == ("pro", "expired")
+    owner = conn.execute("SELECT account_id, prior_account_id FROM subscriptions").fetchall()
+    assert owner == [(ACCOUNT, other)]
