@@ -21,12 +21,14 @@ import argparse
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
+from server_cpu import postmaster_pid, server_cpu  # noqa: E402
 from take_bench import baseline_database, run_takes, seed_service_database, service_database  # noqa: E402
 
 from tests.citus import cluster as citus  # noqa: E402
@@ -55,6 +57,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cluster.drop_database("bench_ql")
         sharded = seed_service_database(cluster.create_database("bench_ql"))
+        # Server CPU per take on each node (bench/server_cpu.py): what the coordinator's routing costs
+        # against what a worker's shard costs, the figures "What a node adds" reasons from.
+        nodes = {
+            "one": {"one PostgreSQL": postmaster_pid(args.pg)},
+            "cluster": {
+                ("coordinator" if i == 0 else f"worker {i}"): postmaster_pid(cluster.node_url(port))
+                for i, port in enumerate(cluster.ports)
+            },
+        }
+        cpu: dict[tuple[str, str, str], list[float]] = {}
         summary = []
         for name, hot in [("spread", False)] + ([] if args.no_hot else [("hot", True)]):
             ratios, ones, many = [], [], []
@@ -62,9 +74,16 @@ def main(argv: list[str] | None = None) -> int:
                 sides = [("one", plain), ("cluster", sharded)]
                 got = {}
                 for side, url in sides if rep % 2 == 0 else sides[::-1]:
+                    servers = nodes[side]
+                    before = [server_cpu(pid) for pid in servers.values()]
                     got[side] = run_takes(
                         url, threads=args.threads, procs=args.procs, seconds=args.seconds, hot=hot
                     )[0]
+                    time.sleep(0.3)  # the run's backends reaped: their CPU is in the postmaster's
+                    spent = [server_cpu(pid) - b for pid, b in zip(servers.values(), before, strict=True)]
+                    per_take = [1e6 * s / (got[side] * args.seconds) for s in spent]
+                    for node, us in zip(servers, per_take, strict=True):
+                        cpu.setdefault((name, side, node), []).append(us)
                 ones.append(got["one"])
                 many.append(got["cluster"])
                 ratios.append(got["cluster"] / got["one"])
@@ -78,6 +97,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"median {statistics.median(ratios):.2f} (runs {', '.join(f'{r:.2f}' for r in ratios)}); "
                 f"one PostgreSQL median {statistics.median(ones):,.0f}/s, "
                 f"cluster median {statistics.median(many):,.0f}/s"
+            )
+            summary.append(
+                f"{name}, server CPU per take (median us): "
+                + ", ".join(
+                    f"{node} {statistics.median(v):,.0f}" for (n, _, node), v in cpu.items() if n == name
+                )
             )
         print("\n" + "\n".join(summary))
         if args.keep:

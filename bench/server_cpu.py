@@ -2,7 +2,8 @@
 (backends, background workers) and the children it has reaped (cutime/cstime), so a backend that
 exits during a run still counts. Linux only; the benchmarks run on the server's machine.
 
-    before = server_cpu(url); ...run...; spent = server_cpu(url) - before   # seconds
+    pid = postmaster_pid(url)
+    before = server_cpu(pid); ...run...; spent = server_cpu(pid) - before   # seconds
 
 The server is found from its URL: `SHOW data_directory` (a superuser's connection) and the
 postmaster's pid on the first line of postmaster.pid there.
@@ -31,9 +32,8 @@ def _stat(pid: int) -> list[str]:
     return text[text.rindex(")") + 2 :].split()
 
 
-def server_cpu(url: str, pid: int | None = None) -> float:
-    """CPU seconds (user + system) of the server at `url` (or of the postmaster `pid`) so far."""
-    pid = pid or postmaster_pid(url)
+def server_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of the server whose postmaster is `pid`, so far."""
     fields = _stat(pid)
     # After the name: state(0) ppid(1) ... utime(11) stime(12) cutime(13) cstime(14).
     ticks = sum(int(f) for f in fields[11:15])
