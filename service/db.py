@@ -8,7 +8,6 @@ Every file is loaded once into `Q`, and a query name used twice is refused.
 
 from __future__ import annotations
 
-import contextlib
 import re
 import select
 import time
@@ -106,7 +105,6 @@ RECONNECT_TIMEOUT = 1.0
 # workers stay free for /readyz) until a reconnect attempt succeeds.
 FAIL_FAST_WAIT = 0.1
 _WAIT_SLICE = 0.2
-_IDLE_WAIT = 0.001
 
 
 def connect_kwargs(settings: Settings) -> dict[str, Any]:
@@ -189,11 +187,13 @@ class Database:
     def _take(self, timeout: float) -> Connection:
         """Wait for a connection in short slices: when a connection attempt failed meanwhile (a
         pooled connection failed its check and its replacement could not connect), the database is
-        down and waiting longer only holds this worker, so give up at once."""
-        if not self.unreachable:
-            with contextlib.suppress(PoolTimeout):
-                # the usual case, an idle connection, without the cost of reading the pool's stats
-                return self.pool.getconn(timeout=_IDLE_WAIT)
+        down and waiting longer only holds this worker, so give up at once.
+
+        The error count is read before the first wait, even when a connection is idle (about 2 us).
+        A first try of 1 ms without it made every request that found all DB_POOL_SIZE connections
+        busy, as gthread's threads often do under load, wait 1 ms, raise and queue again: ~150 us
+        more CPU per take with 8 requests on 4 connections (bench/README.md, "Where the web
+        process's CPU goes")."""
         deadline = time.monotonic() + (min(timeout, FAIL_FAST_WAIT) if self.unreachable else timeout)
         errors = self.pool.get_stats().get("connections_errors", 0)
         while True:

@@ -10,7 +10,7 @@ from flask import Blueprint, Response, jsonify
 from service.billing import inbox
 from service.http import schemas as s
 from service.http.auth import actor, require
-from service.http.metrics import RELEASES, TAKES
+from service.http.metrics import RELEASES, TAKE_OUTCOMES
 from service.http.runtime import runtime
 from service.http.validation import account_id, json_body, query_args
 from service.http.webhooks import translator
@@ -92,9 +92,9 @@ def post_take(id: str) -> tuple[Response, int]:
         with rt.connection() as conn:
             granted = takes.take(conn, rt.plans, account_id=account_id(id), actor=actor(), **body)
     except Exception as e:
-        TAKES.labels(getattr(e, "code", "error")).inc()
+        TAKE_OUTCOMES.labels(getattr(e, "code", "error")).inc()
         raise
-    TAKES.labels("replayed" if granted.replayed else "granted").inc()
+    TAKE_OUTCOMES.labels("replayed" if granted.replayed else "granted").inc()
     return jsonify(s.TAKE.dump(granted)), 200 if granted.replayed else 201
 
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from flask import current_app
@@ -24,10 +23,10 @@ class Runtime:
     def pool(self) -> ConnectionPool[Connection]:
         return self.db.pool
 
-    @contextmanager
-    def connection(self, *, timeout: float | None = None) -> Iterator[Connection]:
-        with self.db.connection(timeout=timeout) as conn:
-            yield conn
+    def connection(self, *, timeout: float | None = None) -> AbstractContextManager[Connection]:
+        """The pool's own context manager (Database.connection), not one wrapped around it: a
+        generator layer more on every request's checkout and return buys nothing."""
+        return self.db.connection(timeout=timeout)
 
 
 def runtime() -> Runtime:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, replace
 
 import psycopg
@@ -149,11 +150,16 @@ def _take(conn: Connection, attempt: _Attempt) -> Take | None:
 
 # Per database (host, port, name): whether it is a Citus cluster, asked on its first take.
 _ON_CITUS: dict[tuple[str, int, str], bool] = {}
+# Each connection's database key, read once per connection: every read of conn.info.host, port or
+# dbname is a call into libpq and a decoding, three of them on every take otherwise.
+_DATABASE_OF: weakref.WeakKeyDictionary[Connection, tuple[str, int, str]] = weakref.WeakKeyDictionary()
 
 
 def on_citus(conn: Connection) -> bool:
     """Whether `conn`'s database has the citus extension; asked once per database and process."""
-    key = (conn.info.host, conn.info.port, conn.info.dbname)
+    key = _DATABASE_OF.get(conn)
+    if key is None:
+        key = _DATABASE_OF[conn] = (conn.info.host, conn.info.port, conn.info.dbname)
     found = _ON_CITUS.get(key)
     if found is None:
         row = conn.execute(Q.on_citus).fetchone()
