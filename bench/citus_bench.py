@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             baseline_database(cluster.url(), "bench_bl")
             print(
                 f"\ncluster kept in {cluster.root}: {cluster.url()}\n"
-                f"HTTP take ratio on it: bench/run http --pg {cluster.url()} --no-setup\n"
+                f"HTTP take ratio on it: DATABASE_URL={cluster.url()} bench/run http --no-setup\n"
                 f"then: scripts/citus-cluster stop --dir {cluster.root}"
             )
     finally:
