@@ -480,7 +480,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         metavar="ID",
-        help="each counter's chain from its first row with id >= ID",
+        help="each counter's chain from its first row with id >= ID (on Citus ids are not in write "
+        "order across nodes: README 'The ledger's hash chain')",
     )
     verify.set_defaults(func=cmd_ledger_verify)
     exp = ledger.add_parser("export", help="a period's ledger, streamed (the columns of /v1/ledger.csv)")

@@ -18,7 +18,8 @@ bp = Blueprint("finance", __name__, url_prefix="/v1")
 @bp.get("/ledger")
 @require("finance")
 def get_ledger() -> Response:
-    """Ledger rows, newest last, filtered by account, metric, period and kind; paged.
+    """Ledger rows in id order (write order on one PostgreSQL; on Citus ids are only unique), filtered
+    by account, metric, period and kind; paged.
     ---
     get:
       parameters: [{in: query, schema: LedgerQuery}]

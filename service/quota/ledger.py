@@ -63,7 +63,9 @@ def page(
     period: str | None = None,
     kind: str | None = None,
 ) -> list[LedgerEntry]:
-    """Rows with id > `after`, oldest first, at most `limit`."""
+    """Rows with id > `after`, in id order, at most `limit`. On one PostgreSQL that is the order
+    they were written; on Citus ids are only unique (migrations/0015), not in write order across
+    nodes."""
     with conn.cursor(row_factory=class_row(LedgerEntry)) as cur:
         return cur.execute(
             Q.ledger_page,
