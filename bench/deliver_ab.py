@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import sys
 import time
@@ -31,7 +30,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import psycopg  # noqa: E402
-from webhooks import FIXTURE, PLANS_FILE, STATES, account_name, setup  # noqa: E402
+from webhooks import PLANS_FILE, Deliveries, setup  # noqa: E402
 
 from service.billing.apply import delivery_params  # noqa: E402
 from service.billing.events import Envelope, SubscriptionChange  # noqa: E402
@@ -58,44 +57,23 @@ def functions_before() -> str:
     return text[: text.index("-- name: subscription_delivery_before")]
 
 
-class Events:
-    """Parameters of new deliveries, each newer than every one before (see bench/webhooks.py)."""
+class Events(Deliveries):
+    """Parameters of new deliveries, each newer than every one before (bench/webhooks.py)."""
 
     def __init__(self, accounts: int, change_rate: float) -> None:
+        super().__init__(accounts, change_rate, prefix="evt_ab")
         self.plans = load_plans(PLANS_FILE)
-        self.accounts, self.change_rate = accounts, change_rate
-        self.event = json.loads(FIXTURE.read_text())
-        self.event["data"].pop("previous_attributes", None)
-        self.seq = 0
-        self.created = int(time.time()) - 60 * 86_400
-        self.state = dict.fromkeys(range(1, accounts + 1), ("basic_monthly", "active"))
 
     def next(self) -> dict[str, Any]:
-        self.seq += 1
-        self.created += 1
-        a = random.randint(1, self.accounts)
-        if random.random() < self.change_rate:
-            self.state[a] = random.choice([s for s in STATES if s != self.state[a]])
-        price, status = self.state[a]
-        event, sub = self.event, self.event["data"]["object"]
-        event.update(id=f"evt_ab_{self.seq}", created=self.created)
-        sub.update(
-            id=f"sub_bench_{a}",
-            customer=f"cus_bench_{a}",
-            status=status,
-            metadata={"account_id": account_name(a)},
-        )
-        item = sub["items"]["data"][0]
-        item["price"].update(id=f"price_{price}", lookup_key=price)
-        item["plan"].update(id=f"price_{price}")
-        body = json.dumps(event, separators=(",", ":"))
+        body = self.next_body()
+        event = json.loads(body)
         env = Envelope(
             provider="stripe",
             event_id=event["id"],
             type=event["type"],
             occurred_at=datetime.fromtimestamp(self.created, UTC),
             body=body,
-            data=json.loads(body),
+            data=event,
         )
         change = stripe.translate(env)
         assert isinstance(change, SubscriptionChange)

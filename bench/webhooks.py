@@ -158,8 +158,8 @@ class Deliveries:
     its subscription to another (price, status), which changes the account's tier or status
     (apply_plan runs); otherwise it repeats the subscription's state, as a renewal does."""
 
-    def __init__(self, accounts: int, change_rate: float) -> None:
-        self.accounts, self.change_rate = accounts, change_rate
+    def __init__(self, accounts: int, change_rate: float, prefix: str = "evt_bench") -> None:
+        self.accounts, self.change_rate, self.prefix = accounts, change_rate, prefix
         self.event = json.loads(FIXTURE.read_text())
         self.event["data"].pop("previous_attributes", None)
         self.seq = 0
@@ -168,28 +168,32 @@ class Deliveries:
         self.created = int(time.time()) - HISTORY
         self.state = dict.fromkeys(range(1, accounts + 1), ("basic_monthly", "active"))
 
-    def write(self, path: Path, n: int) -> None:
+    def next_body(self) -> str:
+        """The next event's JSON body: a new id, `created` one second later."""
+        self.seq += 1
+        self.created += 1
+        a = random.randint(1, self.accounts)
+        if random.random() < self.change_rate:
+            self.state[a] = random.choice([s for s in STATES if s != self.state[a]])
+        price, status = self.state[a]
         event, sub = self.event, self.event["data"]["object"]
+        event.update(id=f"{self.prefix}_{self.seq}", created=self.created)
+        sub.update(
+            id=f"sub_bench_{a}",
+            customer=f"cus_bench_{a}",  # one Stripe customer per account, as in life
+            status=status,
+            metadata={"account_id": account_name(a)},
+        )
         item = sub["items"]["data"][0]
+        item["price"].update(id=f"price_{price}", lookup_key=price)
+        item["plan"].update(id=f"price_{price}")
+        return json.dumps(event, separators=(",", ":"))
+
+    def write(self, path: Path, n: int) -> None:
         signed_at = int(time.time())
         with open(path, "w") as out:
             for _ in range(n):
-                self.seq += 1
-                self.created += 1
-                a = random.randint(1, self.accounts)
-                if random.random() < self.change_rate:
-                    self.state[a] = random.choice([s for s in STATES if s != self.state[a]])
-                price, status = self.state[a]
-                event.update(id=f"evt_bench_{self.seq}", created=self.created)
-                sub.update(
-                    id=f"sub_bench_{a}",
-                    customer=f"cus_bench_{a}",  # one Stripe customer per account, as in life
-                    status=status,
-                    metadata={"account_id": account_name(a)},
-                )
-                item["price"].update(id=f"price_{price}", lookup_key=price)
-                item["plan"].update(id=f"price_{price}")
-                body = json.dumps(event, separators=(",", ":"))
+                body = self.next_body()
                 header = stripe.WebhookSignature.generate_signature_header(body, SECRET, timestamp=signed_at)
                 out.write(f"{header}\t{body}\n")
 
