@@ -108,7 +108,9 @@ class QuotaClient:
         The take itself interrupted (KeyboardInterrupt, a timeout or cancellation, no answer, a
         5xx): the service may have granted it, so the slot finds it by its idempotency key and
         releases it before the exception goes on; if it cannot, `on_release_error` gets the take
-        with `take_id` None and its key. A second interrupt stops the waiting, not the release."""
+        with `take_id` None and its key. A second interrupt stops the waiting, not the release:
+        the release runs in a thread of its own (in a copy of the caller's contextvars), which
+        also calls `on_release_error`."""
         return Slot(self, account_id, metric, units, on_release_error or self._on_release_error)
 
     def _run(self, exchange: Exchange[T]) -> T:
