@@ -82,7 +82,8 @@ def test_auth_errors_carry_the_code_and_are_not_retried(proxy, conn, acc):
 def test_a_slot_whose_take_got_no_answer_gives_it_back(proxy, product_key, conn, acc):
     """Every attempt timed out after the service applied the first: the slot raises, and what the
     service holds under the slot's key is released (a take and its release in the ledger)."""
-    with QuotaClient(proxy.url, product_key, **{**FAST, "timeout": 0.5, "retries": 1}) as quota:
+    # A timeout long enough for the look-up to get its answers on a loaded machine.
+    with QuotaClient(proxy.url, product_key, **{**FAST, "timeout": 1.5, "retries": 1}) as quota:
         quota.ensure_account(acc)
         proxy.stall_next(2)
         with pytest.raises(ConnectionFailedError), quota.slot(acc, "urls"):
