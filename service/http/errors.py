@@ -2,21 +2,31 @@
 
 Every refusal is an exception that carries its own `status` and `code`: the domain's (service/errors.py)
 and the few that only HTTP knows (below: authentication, a body that is not JSON, a schema's
-refusal). One handler answers them all."""
+refusal, and what the server or werkzeug answers before a view runs). One handler answers them all.
+A view declares the refusals it may answer with `@refuses`, from which the OpenAPI document lists
+each route's error statuses and codes; `error_table()` lists every code for the docs."""
 
 from __future__ import annotations
 
 import logging
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
 
 import psycopg
 import psycopg_pool
 from flask import Flask, Response, jsonify
 from werkzeug.exceptions import HTTPException
+from werkzeug.http import HTTP_STATUS_CODES
 
 from service import errors
 
 log = logging.getLogger(__name__)
+
+
+def error_code(name: str) -> str:
+    """The `error` code of an HTTP status name: "Request URI Too Long" -> request_uri_too_long."""
+    return name.lower().replace(" ", "_")
 
 
 class ApiError(Exception):
@@ -54,9 +64,108 @@ class ValidationFailed(ApiError):
     status, code = 422, "validation_failed"
 
 
-def error_code(name: str) -> str:
-    """The `error` code of an HTTP status name: "Request URI Too Long" -> request_uri_too_long."""
-    return name.lower().replace(" ", "_")
+# What the server (gunicorn) or werkzeug answers before a view runs, with the code of the status's
+# name as the handler below (and service/serve.py for gunicorn) writes it. Declared here, never
+# raised, so that the document and the error table list them.
+
+
+class BadRequest(ApiError):
+    """The request is not HTTP the server can read (a malformed request line or header)."""
+
+    status = 400
+    code = error_code(HTTP_STATUS_CODES[status])
+
+
+class NotFound(ApiError):
+    """No route has this path (an id in it that no route's rule accepts included)."""
+
+    status = 404
+    code = error_code(HTTP_STATUS_CODES[status])
+
+
+class MethodNotAllowed(ApiError):
+    """The route does not answer this method; `Allow` lists the ones it does."""
+
+    status = 405
+    code = error_code(HTTP_STATUS_CODES[status])
+
+
+class BodyTooLarge(ApiError):
+    """The body is over the server's limit, whether sent with a Content-Length or chunked."""
+
+    status = 413
+    code = error_code(HTTP_STATUS_CODES[status])
+
+
+class RequestLineTooLong(ApiError):
+    """The request line (method, path and query) is over the server's limit."""
+
+    status = 414
+    code = error_code(HTTP_STATUS_CODES[status])
+
+
+class HeadersTooLarge(ApiError):
+    """Too many header fields, or one over the server's limit."""
+
+    status = 431
+    code = error_code(HTTP_STATUS_CODES[status])
+
+
+class InternalError(ApiError):
+    """A fault of the server's own; logged."""
+
+    status, code = 500, "internal_error"
+
+
+class Unavailable(ApiError):
+    """The database is unavailable; retry later."""
+
+    status, code = 503, "unavailable"
+
+
+# What any route may answer, whatever its view does.
+EVERY_ROUTE: tuple[type[ApiError], ...] = (BodyTooLarge, RequestLineTooLong, HeadersTooLarge)
+
+Refusal = type[ApiError] | type[errors.QuotaError]
+V = TypeVar("V", bound=Callable[..., Any])
+
+
+def refuses(*refusals: Refusal) -> Callable[[V], V]:
+    """Declare the refusals a view may answer, beyond its key's (`@require`: 401, 403) and every
+    route's (EVERY_ROUTE). The OpenAPI document lists them as the route's error responses."""
+
+    def declare(view: V) -> V:
+        view.refuses = refusals  # type: ignore[attr-defined]  # read by the OpenAPI builder
+        return view
+
+    return declare
+
+
+@dataclass(frozen=True)
+class ErrorCode:
+    """One row of the error table: a code, the status that answers it and what it means."""
+
+    code: str
+    status: int
+    message: str
+
+
+def _declared(cls: Refusal) -> Iterator[Refusal]:
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _declared(sub)
+
+
+def error_table() -> list[ErrorCode]:
+    """Every error code a client can meet, by status then code, with its meaning (the class's
+    docstring): the domain's errors and the HTTP layer's. A class with subclasses is a family (e.g.
+    WebhookRejected), not an answer of its own."""
+    rows = [
+        ErrorCode(cls.code, cls.status, " ".join((cls.__doc__ or "").split()))
+        for cls in [*_declared(errors.QuotaError), *_declared(ApiError)]
+        if not cls.__subclasses__()
+    ]
+    return sorted(rows, key=lambda r: (r.status, r.code, r.message))
 
 
 def error_response(status: int, code: str, message: str, **details: Any) -> tuple[Response, int]:
@@ -82,9 +191,9 @@ def init_app(app: Flask) -> None:
     @app.errorhandler(psycopg_pool.PoolTimeout)
     def _unavailable(e: Exception) -> tuple[Response, int]:
         log.warning("database unavailable: %s", e)
-        return error_response(503, "unavailable", "the database is unavailable; retry later")
+        return _refused(Unavailable("the database is unavailable; retry later"))
 
     @app.errorhandler(Exception)
     def _internal(e: Exception) -> tuple[Response, int]:
         log.exception("unhandled error")
-        return error_response(500, "internal_error", "internal error")
+        return _refused(InternalError("internal error"))
