@@ -32,7 +32,7 @@ class SubscriptionStatus(StrEnum):
 
 # The statuses a provider can give a subscription (every one but `none`). Which of them keep access,
 # end a subscription or win a tie is decided in SQL (migrations/repeatable/).
-PROVIDER_STATUSES = frozenset(SubscriptionStatus) - {SubscriptionStatus.NONE}
+PROVIDER_STATUSES = frozenset(s.value for s in SubscriptionStatus if s is not SubscriptionStatus.NONE)
 
 
 class Provider(StrEnum):
