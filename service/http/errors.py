@@ -64,51 +64,50 @@ class ValidationFailed(ApiError):
     status, code = 422, "validation_failed"
 
 
-# What the server (gunicorn) or werkzeug answers before a view runs, with the code of the status's
-# name as the handler below (and service/serve.py for gunicorn) writes it. Declared here, never
-# raised, so that the document and the error table list them.
+class ServerAnswer(ApiError):
+    """What the server (gunicorn) or werkzeug answers before a view runs: its code is its status's
+    name, as the handler below (and service/serve.py, for gunicorn) writes it. Declared, never
+    raised, so that the document and the error table list them."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.code = error_code(HTTP_STATUS_CODES[cls.status])
 
 
-class BadRequest(ApiError):
+class BadRequest(ServerAnswer):
     """The request is not HTTP the server can read (a malformed request line or header)."""
 
     status = 400
-    code = error_code(HTTP_STATUS_CODES[status])
 
 
-class NotFound(ApiError):
+class NotFound(ServerAnswer):
     """No route has this path (an id in it that no route's rule accepts included)."""
 
     status = 404
-    code = error_code(HTTP_STATUS_CODES[status])
 
 
-class MethodNotAllowed(ApiError):
+class MethodNotAllowed(ServerAnswer):
     """The route does not answer this method; `Allow` lists the ones it does."""
 
     status = 405
-    code = error_code(HTTP_STATUS_CODES[status])
 
 
-class BodyTooLarge(ApiError):
+class BodyTooLarge(ServerAnswer):
     """The body is over the server's limit, whether sent with a Content-Length or chunked."""
 
     status = 413
-    code = error_code(HTTP_STATUS_CODES[status])
 
 
-class RequestLineTooLong(ApiError):
+class RequestLineTooLong(ServerAnswer):
     """The request line (method, path and query) is over the server's limit."""
 
     status = 414
-    code = error_code(HTTP_STATUS_CODES[status])
 
 
-class HeadersTooLarge(ApiError):
+class HeadersTooLarge(ServerAnswer):
     """Too many header fields, or one over the server's limit."""
 
     status = 431
-    code = error_code(HTTP_STATUS_CODES[status])
 
 
 class InternalError(ApiError):
