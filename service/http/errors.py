@@ -29,8 +29,9 @@ def error_code(name: str) -> str:
     return name.lower().replace(" ", "_")
 
 
-class ApiError(Exception):
-    """A refusal made by the HTTP layer itself, before any domain code runs."""
+class Answer(Exception):
+    """An error answer of the HTTP layer, with its status and code: a refusal (ApiError) or one of
+    the server's own (ServerAnswer)."""
 
     status: ClassVar[int]
     code: ClassVar[str]
@@ -38,6 +39,10 @@ class ApiError(Exception):
     def __init__(self, message: str, **details: Any) -> None:
         super().__init__(message)
         self.message, self.details = message, details
+
+
+class ApiError(Answer):
+    """A refusal made by the HTTP layer itself, before any domain code runs."""
 
 
 class Unauthorized(ApiError):
@@ -64,14 +69,16 @@ class ValidationFailed(ApiError):
     status, code = 422, "validation_failed"
 
 
-class ServerAnswer(ApiError):
-    """What the server (gunicorn) or werkzeug answers before a view runs: its code is its status's
-    name, as the handler below (and service/serve.py, for gunicorn) writes it. Declared, never
-    raised, so that the document and the error table list them."""
+class ServerAnswer(Answer):
+    """An answer of the server's own, which no view raises: what gunicorn or werkzeug answer before
+    a view runs (the code of its status's name, as the handler below and service/serve.py write
+    it, unless the class names one), and the handler's for a fault or an outage. Declared so that
+    the document and the error table list them."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls.code = error_code(HTTP_STATUS_CODES[cls.status])
+        if "code" not in vars(cls):
+            cls.code = error_code(HTTP_STATUS_CODES[cls.status])
 
 
 class BadRequest(ServerAnswer):
@@ -110,22 +117,22 @@ class HeadersTooLarge(ServerAnswer):
     status = 431
 
 
-class InternalError(ApiError):
+class InternalError(ServerAnswer):
     """A fault of the server's own; logged."""
 
     status, code = 500, "internal_error"
 
 
-class Unavailable(ApiError):
+class Unavailable(ServerAnswer):
     """The database is unavailable; retry later."""
 
     status, code = 503, "unavailable"
 
 
 # What any route may answer, whatever its view does.
-EVERY_ROUTE: tuple[type[ApiError], ...] = (BodyTooLarge, RequestLineTooLong, HeadersTooLarge)
+EVERY_ROUTE: tuple[type[ServerAnswer], ...] = (BodyTooLarge, RequestLineTooLong, HeadersTooLarge)
 
-Refusal = type[ApiError] | type[errors.QuotaError]
+Refusal = type[Answer] | type[errors.QuotaError]
 V = TypeVar("V", bound=Callable[..., Any])
 
 
@@ -156,15 +163,15 @@ def _declared(cls: Refusal) -> Iterator[Refusal]:
 
 
 def error_table() -> list[ErrorCode]:
-    """Every error code a client can meet, by status then code, with its meaning (the class's
-    docstring): the domain's errors and the HTTP layer's. A class with subclasses is a family (e.g.
+    """Every error code a client can meet, one row per status and code, in that order, with its
+    meaning (the docstrings of the classes that answer it): the domain's errors, the HTTP layer's
+    refusals and the server's own answers. A class with subclasses is a family (e.g.
     WebhookRejected), not an answer of its own."""
-    rows = [
-        ErrorCode(cls.code, cls.status, " ".join((cls.__doc__ or "").split()))
-        for cls in [*_declared(errors.QuotaError), *_declared(ApiError)]
-        if not cls.__subclasses__()
-    ]
-    return sorted(rows, key=lambda r: (r.status, r.code, r.message))
+    meanings: dict[tuple[int, str], list[str]] = {}
+    for cls in [*_declared(errors.QuotaError), *_declared(Answer)]:
+        if not cls.__subclasses__():
+            meanings.setdefault((cls.status, cls.code), []).append(" ".join((cls.__doc__ or "").split()))
+    return [ErrorCode(code, status, " ".join(m)) for (status, code), m in sorted(meanings.items())]
 
 
 def error_response(status: int, code: str, message: str, **details: Any) -> tuple[Response, int]:
@@ -172,9 +179,9 @@ def error_response(status: int, code: str, message: str, **details: Any) -> tupl
 
 
 def init_app(app: Flask) -> None:
-    @app.errorhandler(ApiError)
+    @app.errorhandler(Answer)
     @app.errorhandler(errors.QuotaError)
-    def _refused(e: ApiError | errors.QuotaError) -> tuple[Response, int]:
+    def _refused(e: Answer | errors.QuotaError) -> tuple[Response, int]:
         return error_response(e.status, e.code, e.message, **e.details)
 
     @app.errorhandler(HTTPException)
