@@ -191,3 +191,20 @@ def test_every_route_documents_what_it_answers(client: Any, keys: Any) -> None:
         ("post", "/v1/takes/{take_id}/release", 404),
     ]:
         assert needed in answered
+
+
+def test_the_document_lists_what_issue_20_found_missing(client: Any) -> None:
+    paths = client.get("/openapi.json").json["paths"]
+    for path, operations in paths.items():
+        for method, operation in operations.items():
+            if method != "parameters":
+                assert {"413", "414", "431"} <= set(operation["responses"]), (method, path)
+    for method, path in [
+        ("post", "/v1/accounts/{id}/takes"),
+        ("put", "/v1/accounts/{id}"),
+        ("post", "/v1/admin/accounts/{id}/reset"),
+    ]:
+        gone = paths[path][method]["responses"]["410"]
+        assert gone["content"]["application/json"]["schema"]["allOf"][1]["properties"]["error"]["enum"] == [
+            "account_deleted"
+        ]
