@@ -10,6 +10,7 @@ import json
 import time
 from typing import Any
 
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -208,3 +209,24 @@ def test_the_document_lists_what_issue_20_found_missing(client: Any) -> None:
         assert gone["content"]["application/json"]["schema"]["allOf"][1]["properties"]["error"]["enum"] == [
             "account_deleted"
         ]
+
+
+def test_a_status_written_by_hand_that_a_refusal_answers_stops_the_build(app: Any) -> None:
+    from service.errors import UnknownAccount
+    from service.http import openapi
+    from service.http.errors import refuses
+
+    @app.get("/v1/handwritten")
+    @refuses(UnknownAccount)
+    def handwritten() -> str:
+        """A route that writes its refusal's status itself.
+        ---
+        get:
+          responses:
+            200: {description: ok}
+            404: {description: written by hand}
+        """
+        return ""
+
+    with pytest.raises(ValueError, match="404 is answered by a refusal"):
+        openapi.build(app)
