@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from service.config import Settings
+from service.vocabulary import Role
 
 if TYPE_CHECKING:
     from service.billing.plans import PlanConfig
@@ -298,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     keys = sub.add_parser("keys", help="manage API keys").add_subparsers(dest="keys_command", required=True)
     create = keys.add_parser("create", help="create a key; its last line of output is the key alone")
-    create.add_argument("--role", required=True, choices=["product", "admin", "finance"])
+    create.add_argument("--role", required=True, choices=list(Role))
     create.add_argument("--name", required=True)
     create.set_defaults(func=cmd_keys_create)
     revoke = keys.add_parser("revoke", help="revoke a key by name")
