@@ -30,11 +30,11 @@ class SampleEvent:
 
 STRIPE_EVENTS = (
     SampleEvent(STRIPE_ACTIVATES, "a new active subscription to the pro plan (activates paid access)"),
-    SampleEvent("customer.subscription.deleted", "that subscription canceled (back to the free plan)"),
+    SampleEvent("customer.subscription.deleted", "that subscription canceled (the free plan's limits again)"),
 )
 REVENUECAT_EVENTS = (
     SampleEvent("INITIAL_PURCHASE", "a purchase granting the pro entitlement (activates paid access)"),
-    SampleEvent("EXPIRATION", "that purchase expired (back to the free plan)"),
+    SampleEvent("EXPIRATION", "that purchase expired (the free plan's limits again)"),
 )
 EVENTS = {"stripe": STRIPE_EVENTS, "revenuecat": REVENUECAT_EVENTS}
 
