@@ -33,7 +33,10 @@ DEV_STRIPE_SECRET = "whsec_quota_ledger_dev"
 DEV_REVENUECAT_AUTH = "Bearer quota-ledger-dev"
 READY_TIMEOUT = 90.0  # seconds for web, worker and beat to answer after they start
 STOP_GRACE = 5.0  # seconds the children have to stop after Ctrl-C before they are killed
-BEAT_STARTED = b"beat: Starting..."  # Celery beat's log line once its scheduler runs
+PR_SET_PDEATHSIG = 1  # prctl(2)
+BEAT_STARTED = (
+    b"beat: Starting..."  # Celery beat's log line once its scheduler runs (a worker's: "NAME ready.")
+)
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -130,12 +133,13 @@ Try:
 
 
 class _Signals:
-    """Counts SIGINT/SIGTERM: the first asks the children to stop, a second kills what is left."""
+    """Counts SIGINT/SIGTERM/SIGHUP (a closed terminal): the first asks the children to stop, a
+    second kills what is left."""
 
     def __init__(self) -> None:
         self.count = 0
-        signal.signal(signal.SIGINT, self._on)
-        signal.signal(signal.SIGTERM, self._on)
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, self._on)
 
     def _on(self, *_: Any) -> None:
         self.count += 1
@@ -161,9 +165,18 @@ def _start_children(env: dict[str, str], bind: str, log: IO[bytes]) -> dict[str,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         for name, argv in commands.items()
     }
+
+
+def _die_with_parent() -> None:
+    """In the child before it runs: SIGTERM it when `dev` dies, even by SIGKILL (Linux only)."""
+    if sys.platform == "linux":
+        import ctypes
+
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _worker_name() -> str:
@@ -173,15 +186,15 @@ def _worker_name() -> str:
 def _wait_ready(
     procs: dict[str, subprocess.Popen[bytes]], base: str, log: Path, signals: _Signals
 ) -> str | None:
-    """Until web answers /readyz, the worker answers a ping and beat has started; None then, else
-    what failed (a child that exited, or the part that did not answer in READY_TIMEOUT)."""
+    """Until web answers /readyz and the worker and beat have logged that they run (read from the
+    log rather than asked over the broker: a client left connected keeps an embedded Redis from
+    shutting down); None then, else what failed (a child that exited, or a part that did not
+    answer in READY_TIMEOUT)."""
     import urllib.request
-
-    from workers.app import app
 
     waiting: dict[str, Callable[[], bool]] = {
         "web": lambda: urllib.request.urlopen(f"{base}/readyz", timeout=1).status == 200,
-        "worker": lambda: bool(app.control.ping(destination=[_worker_name()], timeout=0.5)),
+        "worker": lambda: f"{_worker_name()} ready.".encode() in log.read_bytes(),
         "beat": lambda: BEAT_STARTED in log.read_bytes(),
     }
     deadline = time.monotonic() + READY_TIMEOUT
@@ -190,7 +203,7 @@ def _wait_ready(
             if p.poll() is not None:
                 return f"{name} exited (exit code {p.returncode})"
         for name, ready in list(waiting.items()):
-            with contextlib.suppress(Exception):  # not up yet: refused, 503, no pong
+            with contextlib.suppress(Exception):  # not up yet: refused, 503
                 if ready():
                     del waiting[name]
         if time.monotonic() > deadline:

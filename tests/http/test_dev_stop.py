@@ -1,6 +1,7 @@
 """`quota-ledger dev` against the machine's PostgreSQL and Redis: the banner comes last, once web,
 worker and beat answer, with the children's output in the log file; one Ctrl-C (or two in quick
-succession) stops every process it started and frees the port within a few seconds, every time."""
+succession) stops every process it started and frees the port within a few seconds, every time;
+so does `dev`'s own death."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 from tests.http.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-ROUNDS = 5
+ROUNDS = 5  # then one more in which dev itself is killed
 STOPPED_WITHIN = 8.0  # seconds; dev gives its children 5 before it kills them
 
 
@@ -62,7 +63,7 @@ def test_one_ctrl_c_stops_everything_every_time(db_url, redis_url, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PLANS_FILE", "WEBHOOK_ENVIRONMENT")}
     env.update(DATABASE_URL=db_url, REDIS_URL=worker_redis_url(redis_url), QUOTA_DEV_DIR=str(tmp_path))
     env["WORKER_QUEUE"] = f"test-dev-stop-{os.getpid()}-{time.monotonic_ns()}"
-    for round_ in range(ROUNDS):
+    for round_ in range(ROUNDS + 1):
         port = free_port()
         proc = subprocess.Popen(
             [sys.executable, "-m", "service.cli", "dev", "--bind", f"127.0.0.1:{port}"],
@@ -96,11 +97,15 @@ def test_one_ctrl_c_stops_everything_every_time(db_url, redis_url, tmp_path):
             assert "STRIPE_WEBHOOK_SECRETS=" in banner and "REVENUECAT_WEBHOOK_AUTH=" in banner
 
             stop_at = time.monotonic()
-            os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C, as a terminal sends it to its foreground job
-            if round_ % 2:
-                time.sleep(0.3)
-                os.killpg(proc.pid, signal.SIGINT)  # and a second one, impatiently
-            assert proc.wait(timeout=STOPPED_WITHIN) == 0, "".join(output)
+            if round_ == ROUNDS:  # dev killed: its children learn of it from the kernel
+                proc.kill()
+                assert proc.wait(timeout=STOPPED_WITHIN) == -signal.SIGKILL
+            else:
+                os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C, as a terminal sends it to its foreground job
+                if round_ % 2:
+                    time.sleep(0.3)
+                    os.killpg(proc.pid, signal.SIGINT)  # and a second one, impatiently
+                assert proc.wait(timeout=STOPPED_WITHIN) == 0, "".join(output)
             while any(_running(pid) for pid in started) or not _port_free(port):
                 assert time.monotonic() - stop_at < STOPPED_WITHIN, (
                     f"round {round_}: left running {[p for p in started if _running(p)]}, "
