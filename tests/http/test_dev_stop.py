@@ -8,8 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -17,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.http.conftest import free_port
+from tests.http.test_dev_command import dev_process
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUNDS = 5  # then one more in which dev itself is killed
@@ -65,15 +64,7 @@ def test_one_ctrl_c_stops_everything_every_time(db_url, redis_url, tmp_path):
     env["WORKER_QUEUE"] = f"test-dev-stop-{os.getpid()}-{time.monotonic_ns()}"
     for round_ in range(ROUNDS + 1):
         port = free_port()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "dev", "--bind", f"127.0.0.1:{port}"],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,  # its own process group, as a terminal's foreground job
-        )
+        proc = dev_process(env, port)
         output: list[str] = []
         try:
             threading.Thread(target=output.extend, args=(proc.stdout,), daemon=True).start()
