@@ -96,10 +96,9 @@ def cmd_dev(args: argparse.Namespace) -> int:
         del handles
     if signals.count:
         return 0
-    died = failed or ", ".join(
-        f"{name} (exit code {p.returncode})" for name, p in procs.items() if p.returncode
-    )
-    print(f"quota-ledger dev: stopped because {died or 'a process'} exited; see {log_path}:", file=sys.stderr)
+    died = ", ".join(f"{name} exited (exit code {p.returncode})" for name, p in procs.items() if p.returncode)
+    why = failed or died or "a process exited"
+    print(f"quota-ledger dev: stopped: {why}; the end of {log_path}:", file=sys.stderr)
     print(_tail(log_path), file=sys.stderr)
     return 1
 
