@@ -19,6 +19,7 @@ def build_app(settings: Settings | None = None) -> Flask:
         errors,
         events,
         finance,
+        gauges,
         health,
         inbound,
         index,
@@ -38,6 +39,7 @@ def build_app(settings: Settings | None = None) -> Flask:
     )
     errors.init_app(app)
     metrics.init_app(app)  # first of the before_request hooks, so that every answer is timed
+    gauges.init_app(app)
     inbound.init_app(app)
     for bp in (accounts.bp, admin.bp, finance.bp, health.bp, events.bp, webhooks.bp, index.bp):
         app.register_blueprint(bp)
