@@ -63,6 +63,8 @@ class PoolSampler:
 
     def __init__(self, db: Database) -> None:
         self.db = db
+        self.was_open = False
+        self.thread: threading.Thread | None = None  # the one that samples every SAMPLE_EVERY
         self._timeouts_seen = 0
         self._lock = threading.Lock()
 
@@ -71,6 +73,8 @@ class PoolSampler:
         size, idle = stats.get("pool_size", 0), stats.get("pool_available", 0)
         if self.db.pool.closed:  # not opened yet (it opens on first use), or closed: it holds none
             size = idle = 0
+        else:
+            self.was_open = True
         with self._lock:
             _IN_USE.set(size - idle)
             _IDLE.set(idle)
@@ -82,19 +86,29 @@ class PoolSampler:
             self._timeouts_seen = timeouts
 
 
+# The newest app's sampler: a web process serves one app, and gauges are per process, so an older
+# app (tests build many) stops writing them.
+_current: weakref.ref[PoolSampler] | None = None
+
+
 def _sample_forever(ref: weakref.ref[PoolSampler]) -> None:
-    """Until the app (which holds the sampler) is gone."""
-    while (sampler := ref()) is not None:
+    """Until the app (which holds the sampler) is gone, has closed its pool or is not the newest."""
+    while (sampler := ref()) is not None and _current is not None and _current() is sampler:
         sampler.sample()
+        if sampler.was_open and sampler.db.pool.closed:
+            return
         del sampler
         time.sleep(SAMPLE_EVERY)
 
 
 def init_app(app: Flask) -> None:
+    global _current
     sampler = app.extensions["pool_sampler"] = PoolSampler(app.extensions["quota"].db)
-    threading.Thread(
+    _current = weakref.ref(sampler)
+    sampler.thread = threading.Thread(
         target=_sample_forever, args=(weakref.ref(sampler),), name="pool-metrics", daemon=True
-    ).start()
+    )
+    sampler.thread.start()
 
 
 def _period_number(period: str | None) -> float:
@@ -177,6 +191,6 @@ def exposition() -> bytes:
     sampler: PoolSampler | None = current_app.extensions.get("pool_sampler")
     if sampler is not None:
         sampler.sample()
-    registry = CollectorRegistry(auto_describe=True)
+    registry = CollectorRegistry()  # not auto_describe: that would read the database twice
     registry.register(DatabaseGauges())
     return generate_latest(registry)

@@ -77,9 +77,10 @@ def render() -> Response:
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
     else:
         registry = REGISTRY
-    from service.http import gauges  # the pool and the database's figures, read now
+    from service.http import gauges
 
-    return Response(generate_latest(registry) + gauges.exposition(), mimetype=CONTENT_TYPE_LATEST)
+    read_now = gauges.exposition()  # first: it also samples this process's pool into the registry
+    return Response(generate_latest(registry) + read_now, mimetype=CONTENT_TYPE_LATEST)
 
 
 def init_app(app: Flask) -> None:

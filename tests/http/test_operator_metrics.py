@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.http import gauges
@@ -104,18 +105,30 @@ def test_the_pool_in_use_waiting_and_timeouts(settings, keys):
         with rt.connection():  # the pool's only connection, held: the next request times out
             r = client.get("/v1/accounts/nobody", headers=keys["product"])
             assert r.status_code == 503, r.data
-            app.extensions["pool_sampler"].sample()
             s = scrape_without_database(app)
             assert value(s, "quota_db_pool_connections", state="in_use") == 1
             assert value(s, "quota_db_pool_max_connections") == 1
         s = scrape(client)
-        assert value(s, "quota_db_pool_timeouts_total") - before == 1
+        # the request, and the held scrape's one read of the database's gauges
+        assert value(s, "quota_db_pool_timeouts_total") - before == 2
         # the pool takes the returned connection back in the background: within a moment
         deadline = time.monotonic() + 5
         while value(s, "quota_db_pool_connections", state="in_use") != 0:
             assert time.monotonic() < deadline, "the returned connection is still counted in use"
             time.sleep(0.05)
             s = scrape(client)
+
+
+def test_a_thread_samples_the_pool_between_scrapes_and_stops_with_it(settings):
+    with running_app(settings) as app:
+        sampler = app.extensions["pool_sampler"]
+        with app.extensions["quota"].connection():
+            deadline = time.monotonic() + gauges.SAMPLE_EVERY + 5
+            while REGISTRY.get_sample_value("quota_db_pool_connections", {"state": "in_use"}) != 1:
+                assert time.monotonic() < deadline, "no sample without a scrape"
+                time.sleep(0.1)
+    sampler.thread.join(timeout=gauges.SAMPLE_EVERY + 5)
+    assert not sampler.thread.is_alive(), "the sampler outlives its pool"
 
 
 def scrape_without_database(app: Any) -> dict[str, Any]:
