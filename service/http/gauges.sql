@@ -11,14 +11,14 @@ SELECT s.status, extract(epoch FROM statement_timestamp() - e.received_at)::floa
 
 -- name: gauges_job_runs
 -- Each job's latest run (its progress, if still running) and its latest finished one, by the
--- (job, period) primary key.
+-- (job, period) primary key; a job that never ran has a row of NULLs.
 SELECT j.job,
        latest.period AS latest_period, latest.status = 'running' AS running, latest.batches,
        latest.counters_reset,
        extract(epoch FROM statement_timestamp() - latest.updated_at)::float8 AS since_progress,
        done.period AS done_period, extract(epoch FROM done.finished_at)::float8 AS done_at
   FROM unnest(%(jobs)s::text[]) AS j(job)
-  JOIN LATERAL (SELECT period, status, batches, counters_reset, updated_at FROM job_runs r
-                 WHERE r.job = j.job ORDER BY r.period DESC LIMIT 1) latest ON true
+  LEFT JOIN LATERAL (SELECT period, status, batches, counters_reset, updated_at FROM job_runs r
+                      WHERE r.job = j.job ORDER BY r.period DESC LIMIT 1) latest ON true
   LEFT JOIN LATERAL (SELECT period, finished_at FROM job_runs r
                       WHERE r.job = j.job AND r.status = 'done' ORDER BY r.period DESC LIMIT 1) done ON true

@@ -75,6 +75,8 @@ def test_the_oldest_event_waiting_for_support_is_its_age(client, conn):
 
 
 def test_the_reset_jobs_progress_and_last_success(client, conn):
+    never = scrape(client)
+    assert value(never, "quota_job_last_success_period", job="monthly_reset") == 0  # a job that never ran
     conn.execute(
         "INSERT INTO job_runs (job, period, status, finished_at, batches, counters_reset, updated_at)"
         " VALUES ('monthly_reset', '2026-10', 'done', '2026-10-01T00:05Z', 9, 900, now() - interval '1 day'),"
