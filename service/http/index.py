@@ -8,24 +8,12 @@ from __future__ import annotations
 from importlib.metadata import version
 
 from flask import Blueprint, Response, jsonify, send_from_directory, url_for
-from marshmallow import Schema, fields
 from swagger_ui_bundle import swagger_ui_path
+
+from service.http.schemas import responses as rs
 
 bp = Blueprint("index", __name__)
 
-
-class ServiceIndex(Schema):
-    service = fields.String(required=True)
-    version = fields.String(required=True)
-    links = fields.Dict(
-        keys=fields.String(),
-        values=fields.String(),
-        required=True,
-        metadata={"description": "where to go next, by name: openapi, docs, healthz, readyz, metrics"},
-    )
-
-
-_INDEX = ServiceIndex()
 # the index's links, by name: the endpoint each names (so a moved route moves its link)
 LINKS = {
     "openapi": "health.openapi",
@@ -46,7 +34,7 @@ def index() -> Response:
     """
     links = {name: url_for(endpoint) for name, endpoint in LINKS.items()}
     return jsonify(
-        _INDEX.dump({"service": "quota-ledger", "version": version("quota-ledger"), "links": links})
+        rs.SERVICE_INDEX.dump({"service": "quota-ledger", "version": version("quota-ledger"), "links": links})
     )
 
 
