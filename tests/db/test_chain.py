@@ -531,7 +531,7 @@ def _at(got: list[Any], seq: int, **delta: float) -> dict[str, Any]:
 
 
 REWRITES: list[tuple[str, Callable[[list[Any]], dict[int, dict[str, Any]]], list[tuple[int, str]]]] = [
-    ("time goes back", lambda g: {3: _at(g, 1, seconds=-1)}, [(3, "is before the previous row")]),
+    ("time goes back", lambda g: {3: _at(g, 1, hours=-2)}, [(3, "is before the previous row")]),
     (
         "period goes back",
         lambda g: {3: {"period": EARLIER}},
