@@ -348,11 +348,13 @@ def cmd_ledger_verify(args: argparse.Namespace) -> int:
     """Walk every counter's hash chain, printing every break as it is found; with --checkpoint, also
     prove the checkpoint and that the ledger still extends it. Exit 0 when all holds, 1 on a finding
     or a refused checkpoint."""
-    from service.quota import chain, checkpoint
+    from service.quota import chain
 
     settings = _settings()
     pinned = None
     if args.checkpoint:
+        from service.quota import checkpoint  # cryptography, loaded only for a checkpoint
+
         if args.since:
             print(
                 "quota-ledger ledger verify: --checkpoint walks the whole ledger, not --since",
@@ -385,7 +387,7 @@ def cmd_ledger_verify(args: argparse.Namespace) -> int:
     with _connect(settings) as conn:
         progress = _progress("ledger verify")
         if pinned is not None:
-            result = checkpoint.verify_against(
+            result = checkpoint.verify_against(  # checkpoint: imported above with --checkpoint
                 conn, pinned, account_id=args.account, on_progress=progress, on_finding=show
             )
         else:
