@@ -219,7 +219,7 @@ def test_the_commands(conn: Any, db_url: str, plans: Any, keys: tuple[Path, Path
 
 
 def test_the_daily_task_writes_one_file_a_day(
-    db_url: str,
+    app_db_url: str,
     conn: Any,
     plans: Any,
     keys: tuple[Path, Path],
@@ -231,7 +231,7 @@ def test_the_daily_task_writes_one_file_a_day(
     _ledger(conn, plans)
     out = tmp_path / "checkpoints"
     out.mkdir()
-    monkeypatch.setenv("DATABASE_URL", db_url)
+    monkeypatch.setenv("DATABASE_URL", app_db_url)  # as the workers run: the service's login role
     monkeypatch.delenv("LEDGER_CHECKPOINT_DIR", raising=False)
     monkeypatch.delenv("LEDGER_CHECKPOINT_KEY", raising=False)
     assert tasks.ledger_checkpoint() == {"status": "skipped"}
