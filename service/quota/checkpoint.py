@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -55,33 +55,37 @@ class LedgerBroken(Exception):
         self.result = result
 
 
-def _read_pem(path: Path) -> bytes:
+def _load_pem(path: Path, load: Callable[[bytes], object], what: str, kind: type[Any]) -> Any:
+    """The Ed25519 key `load` reads from the PEM file at `path`; KeyFileError naming what is wrong."""
     try:
-        return path.read_bytes()
+        key = load(path.read_bytes())
     except OSError as e:
         raise KeyFileError(f"{path}: {e.strerror or e}") from None
+    except (ValueError, TypeError) as e:
+        raise KeyFileError(f"{path}: not {what} in PEM ({e})") from None
+    if not isinstance(key, kind):
+        raise KeyFileError(f"{path}: not an Ed25519 key")
+    return key
 
 
 def load_private_key(path: Path) -> Ed25519PrivateKey:
     """An Ed25519 private key in PEM (PKCS#8, as `openssl genpkey -algorithm ed25519` writes it)."""
-    try:
-        key = serialization.load_pem_private_key(_read_pem(path), password=None)
-    except (ValueError, TypeError) as e:
-        raise KeyFileError(f"{path}: not an unencrypted private key in PEM ({e})") from None
-    if not isinstance(key, Ed25519PrivateKey):
-        raise KeyFileError(f"{path}: not an Ed25519 key")
-    return key
+    return cast(
+        Ed25519PrivateKey,
+        _load_pem(
+            path,
+            lambda data: serialization.load_pem_private_key(data, password=None),
+            "an unencrypted private key",
+            Ed25519PrivateKey,
+        ),
+    )
 
 
 def load_public_key(path: Path) -> Ed25519PublicKey:
     """An Ed25519 public key in PEM (`openssl pkey -in KEY -pubout`)."""
-    try:
-        key = serialization.load_pem_public_key(_read_pem(path))
-    except (ValueError, TypeError) as e:
-        raise KeyFileError(f"{path}: not a public key in PEM ({e})") from None
-    if not isinstance(key, Ed25519PublicKey):
-        raise KeyFileError(f"{path}: not an Ed25519 key")
-    return key
+    return cast(
+        Ed25519PublicKey, _load_pem(path, serialization.load_pem_public_key, "a public key", Ed25519PublicKey)
+    )
 
 
 def key_id(key: Ed25519PublicKey) -> str:
