@@ -4,7 +4,7 @@ Every ledger row carries `hash = sha256(prev_hash || canonical fields)`, where `
 hash of the previous row of the same counter (account, metric), NULL for a counter's first row.
 A counter's rows are in chain order by `seq` (1, 2, 3 ..., migrations/0015), not by id: ids are only
 unique. The counter's row in `quotas` holds the head (`chain_id`, `chain_seq`, `chain_hash`). The
-README ("The ledger's hash chain") documents the canonical form for finance's own tools.
+docs/ledger.md ("The hash chain") documents the canonical form for finance's own tools.
 
 `seq` is not hashed: the walk follows seq, so a row removed, inserted or moved breaks a prev_hash
 link (or, at the end, the head), and a seq rewritten alone leaves a gap or a repeat in 1, 2, 3 ...
