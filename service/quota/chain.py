@@ -368,6 +368,9 @@ def verify(
         account: str | None = None
         for page in _pages(conn, account_id, since):
             lasts: dict[tuple[str, str], tuple[Any, int]] = {}  # counter -> (its last row, its rows)
+            # kept for the page's heads and on_counter only: a --since walk is one page of every
+            # counter written since, whose last rows this process need not hold
+            track = page.heads is not None or on_counter is not None
             key: tuple[str, str] | None = None
             prev: Any = None
             count = 0
@@ -377,7 +380,7 @@ def verify(
                     account = row.account_id
                     result.accounts += 1
                 if (row.account_id, row.metric) != key:
-                    if key is not None:
+                    if key is not None and track:
                         lasts[key] = (prev, count)
                     key, prev, count = (row.account_id, row.metric), None, 0
                 pin = pins.get(key)
@@ -403,7 +406,7 @@ def verify(
                 for problem in _check(prev, row, slack):
                     found(row.account_id, row.metric, row.id, problem)
                 prev = row
-            if key is not None:
+            if key is not None and track:
                 lasts[key] = (prev, count)
             if on_counter is not None:
                 for (a, m), (last, rows) in lasts.items():
