@@ -25,6 +25,11 @@ WEBHOOK_ENVIRONMENT_ANY = "any"
 _SWITCH = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
 
 
+def _path(value: str | None) -> Path | None:
+    """An optional path setting: unset or blank is None."""
+    return Path(value) if value and value.strip() else None
+
+
 @dataclass(frozen=True, kw_only=True)
 class Settings:
     database_url: str
@@ -44,6 +49,11 @@ class Settings:
     db_prepared_statements: bool = True
     # Verified API keys are remembered this long per process: a revoked key stops working within it.
     key_cache_seconds: float = 5.0
+    # The Ed25519 private key (PEM) that signs ledger checkpoints; kept where the database's owner
+    # cannot read it (docs/ledger-checkpoints.md).
+    ledger_checkpoint_key: Path | None = None
+    # Where the daily beat task writes a signed ledger checkpoint (with the key set; else none).
+    ledger_checkpoint_dir: Path | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, *, serving: bool = False) -> Settings:
@@ -83,4 +93,6 @@ class Settings:
             db_pool_timeout=float(e.get("DB_POOL_TIMEOUT", cls.db_pool_timeout)),
             db_prepared_statements=_SWITCH[prepared],
             key_cache_seconds=float(e.get("KEY_CACHE_SECONDS", cls.key_cache_seconds)),
+            ledger_checkpoint_key=_path(e.get("LEDGER_CHECKPOINT_KEY")),
+            ledger_checkpoint_dir=_path(e.get("LEDGER_CHECKPOINT_DIR")),
         )

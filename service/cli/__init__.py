@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -205,25 +208,102 @@ def _progress(what: str) -> Callable[[int], None]:
     return report
 
 
+def _checkpoint_key(path: str | None, settings: Settings) -> Path:
+    """--key FILE, else LEDGER_CHECKPOINT_KEY; neither is bad usage (exit 2)."""
+    key = Path(path) if path else settings.ledger_checkpoint_key
+    if key is None:
+        raise SystemExit("quota-ledger ledger: no key: --key FILE or LEDGER_CHECKPOINT_KEY")
+    return key
+
+
 def cmd_ledger_verify(args: argparse.Namespace) -> int:
-    """Walk every counter's hash chain. Exit 0 when every row and head holds, 1 on a finding."""
-    from service.quota.chain import verify
+    """Walk every counter's hash chain, printing every break as it is found; with --checkpoint, also
+    prove the checkpoint and that the ledger still extends it. Exit 0 when all holds, 1 on a finding
+    or a refused checkpoint."""
+    from service.quota import chain
+
+    settings = _settings()
+    pinned = None
+    if args.checkpoint:
+        from service.quota import checkpoint  # cryptography, loaded only for a checkpoint
+
+        if args.since:
+            print(
+                "quota-ledger ledger verify: --checkpoint walks the whole ledger, not --since",
+                file=sys.stderr,
+            )
+            return 2
+        try:
+            if args.public_key:
+                key = checkpoint.load_public_key(Path(args.public_key))
+            else:
+                key = checkpoint.load_private_key(_checkpoint_key(args.key, settings)).public_key()
+            text = Path(args.checkpoint).read_text(encoding="utf-8")
+        except (checkpoint.KeyFileError, OSError) as e:
+            print(f"quota-ledger ledger verify: {e}", file=sys.stderr)
+            return 2
+        try:
+            pinned = checkpoint.read(text, key)
+        except checkpoint.CheckpointRefused as e:
+            print(f"ledger verify: checkpoint {args.checkpoint} refused: {e}")
+            return 1
+        print(
+            f"checkpoint {pinned.created_at} (key {pinned.key_id}): {len(pinned.counters):,} counters, "
+            f"signature and digest OK"
+        )
+
+    def show(finding: chain.Finding) -> None:
+        print(finding.describe(), flush=True)
 
     started = time.monotonic()
-    with _connect(_settings()) as conn:
-        result = verify(
-            conn, account_id=args.account, since=args.since, on_progress=_progress("ledger verify")
-        )
-    for finding in result.findings:
-        print(finding.describe())
+    with _connect(settings) as conn:
+        progress = _progress("ledger verify")
+        if pinned is not None:
+            result = checkpoint.verify_against(  # checkpoint: imported above with --checkpoint
+                conn, pinned, account_id=args.account, on_progress=progress, on_finding=show
+            )
+        else:
+            result = chain.verify(
+                conn, account_id=args.account, since=args.since, on_progress=progress, on_finding=show
+            )
     elapsed = time.monotonic() - started
-    verdict = "OK" if result.ok else f"{len(result.findings)} account(s) with a broken chain"
+    verdict = "OK" if result.ok else f"{result.breaks} break(s) in {result.broken_accounts} account(s)"
+    extends = " (extends the checkpoint)" if pinned is not None and result.ok else ""
     print(
         f"ledger verify: {result.rows:,} rows checked in {result.counters:,} counters of "
         f"{result.accounts:,} accounts, {elapsed:.1f} s ({result.rows / max(elapsed, 1e-9):,.0f} rows/s): "
-        f"{verdict}"
+        f"{verdict}{extends}"
     )
     return 0 if result.ok else 1
+
+
+def cmd_ledger_checkpoint(args: argparse.Namespace) -> int:
+    """Sign the heads of every counter, after a whole verify; exit 1 (nothing written) if it fails."""
+    from service.quota import checkpoint
+
+    settings = _settings()
+    try:
+        key = checkpoint.load_private_key(_checkpoint_key(args.key, settings))
+    except checkpoint.KeyFileError as e:
+        print(f"quota-ledger ledger checkpoint: {e}", file=sys.stderr)
+        return 2
+    report = _progress("ledger checkpoint")
+    try:
+        with _connect(settings) as conn:
+            if args.output:
+                written = checkpoint.write_file(conn, key, Path(args.output), on_progress=report)
+            else:
+                with tempfile.TemporaryFile("w+", encoding="utf-8") as out:  # stdout only once whole
+                    written = checkpoint.write(conn, key, out, on_progress=report)
+                    out.seek(0)
+                    shutil.copyfileobj(out, sys.stdout)
+    except checkpoint.LedgerBroken as e:
+        for finding in e.result.findings:
+            print(finding.describe(), file=sys.stderr)
+        print(f"ledger checkpoint: not signed: the ledger does not verify ({e})", file=sys.stderr)
+        return 1
+    print(written.message, file=sys.stderr)
+    return 0
 
 
 def cmd_ledger_export(args: argparse.Namespace) -> int:
@@ -341,9 +421,9 @@ def build_parser() -> argparse.ArgumentParser:
             raise argparse.ArgumentTypeError(f"{s!r} is not a period YYYY-MM")
         return s
 
-    ledger = sub.add_parser("ledger", help="finance: verify the hash chain, export a period").add_subparsers(
-        dest="ledger_command", required=True
-    )
+    ledger = sub.add_parser(
+        "ledger", help="finance: verify the hash chain, checkpoint it, export a period"
+    ).add_subparsers(dest="ledger_command", required=True)
     verify = ledger.add_parser("verify", help="walk every hash chain; exit 1 if a row or head is broken")
     verify.add_argument("--account", metavar="ID", help="only this account's counters")
     verify.add_argument(
@@ -354,7 +434,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="each counter's chain from its first row with id >= ID (on Citus ids are not in write "
         "order across nodes: README 'The ledger's hash chain')",
     )
+    verify.add_argument(
+        "--checkpoint",
+        metavar="FILE",
+        help="also prove this signed checkpoint and that the ledger still extends it "
+        "(docs/ledger-checkpoints.md)",
+    )
+    verify.add_argument("--public-key", metavar="FILE", help="the checkpoint's Ed25519 public key (PEM)")
+    verify.add_argument("--key", metavar="FILE", help="or its private key (default: LEDGER_CHECKPOINT_KEY)")
     verify.set_defaults(func=cmd_ledger_verify)
+    checkpoint = ledger.add_parser(
+        "checkpoint", help="verify, then sign every counter's head (Ed25519); exit 1 if the ledger is broken"
+    )
+    checkpoint.add_argument(
+        "--key", metavar="FILE", help="Ed25519 private key, PEM (default: LEDGER_CHECKPOINT_KEY)"
+    )
+    checkpoint.add_argument("--output", metavar="FILE", help="default: standard output")
+    checkpoint.set_defaults(func=cmd_ledger_checkpoint)
     exp = ledger.add_parser("export", help="a period's ledger, streamed (the columns of /v1/ledger.csv)")
     exp.add_argument("--period", type=period_arg, required=True, metavar="YYYY-MM")
     exp.add_argument("--format", choices=["csv", "jsonl"], default="csv")
