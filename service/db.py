@@ -153,6 +153,7 @@ class Database:
     def __init__(self, settings: Settings, *, name: str = "quota-ledger") -> None:
         self.timeout = settings.db_pool_timeout
         self.unreachable = False
+        self.timeouts = 0  # requests that got no connection in time (a metric: service/http/gauges.py)
         self.pool: ConnectionPool[Connection] = ConnectionPool(
             settings.database_url,
             min_size=1,
@@ -203,6 +204,7 @@ class Database:
             except PoolTimeout:
                 if left <= _WAIT_SLICE or self.pool.get_stats().get("connections_errors", 0) > errors:
                     self.unreachable = True
+                    self.timeouts += 1
                     raise
                 continue
             self.unreachable = False

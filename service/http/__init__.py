@@ -13,7 +13,19 @@ from service.http.runtime import Runtime
 
 
 def build_app(settings: Settings | None = None) -> Flask:
-    from service.http import accounts, admin, errors, events, finance, health, inbound, metrics, webhooks
+    from service.http import (
+        accounts,
+        admin,
+        errors,
+        events,
+        finance,
+        gauges,
+        health,
+        inbound,
+        index,
+        metrics,
+        webhooks,
+    )
 
     settings = settings or Settings.from_env(serving=True)
     app = Flask("service")
@@ -27,7 +39,8 @@ def build_app(settings: Settings | None = None) -> Flask:
     )
     errors.init_app(app)
     metrics.init_app(app)  # first of the before_request hooks, so that every answer is timed
+    gauges.init_app(app)
     inbound.init_app(app)
-    for bp in (accounts.bp, admin.bp, finance.bp, health.bp, events.bp, webhooks.bp):
+    for bp in (accounts.bp, admin.bp, finance.bp, health.bp, events.bp, webhooks.bp, index.bp):
         app.register_blueprint(bp)
     return app

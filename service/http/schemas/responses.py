@@ -254,6 +254,17 @@ class Readiness(Schema):
     )
 
 
+class ServiceIndex(Schema):
+    service = fields.String(required=True)
+    version = fields.String(required=True)
+    links = fields.Dict(
+        keys=fields.String(),
+        values=fields.String(),
+        required=True,
+        metadata={"description": "where to go next, by name: openapi, docs, healthz, readyz, metrics"},
+    )
+
+
 def page(items: Sequence[Any], limit: int) -> dict[str, Any]:
     """A page to dump: `next_cursor` is the last id of a full page; a short page is the end (null)."""
     if len(items) < limit or not items:
@@ -282,3 +293,4 @@ RECONCILIATION = ReconciliationResponse()
 WEBHOOK_RECEIPT = WebhookReceipt()
 HEALTH = Health()
 READINESS = Readiness()
+SERVICE_INDEX = ServiceIndex()
