@@ -150,13 +150,24 @@ class Database:
     requests fail within `FAIL_FAST_WAIT` rather than queueing for `DB_POOL_TIMEOUT` each.
     The pool opens lazily so that it is created after a gunicorn fork, never before."""
 
-    def __init__(self, settings: Settings, *, name: str = "quota-ledger") -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        name: str = "quota-ledger",
+        min_size: int = 1,
+        max_size: int | None = None,
+    ) -> None:
+        """`max_size`: DB_POOL_SIZE unless given (the export pool gives EXPORT_POOL_SIZE)."""
         self.timeout = settings.db_pool_timeout
         self.unreachable = False
+        # When a connection last came back healthy from a request: readiness asks it when every
+        # connection is out (busy serving is not down).
+        self.last_returned = time.monotonic()
         self.pool: ConnectionPool[Connection] = ConnectionPool(
             settings.database_url,
-            min_size=1,
-            max_size=max(settings.db_pool_size, 1),
+            min_size=min_size,
+            max_size=max(settings.db_pool_size if max_size is None else max_size, 1),
             kwargs={**connect_kwargs(settings), "application_name": name},
             open=False,
             name=name,
@@ -182,6 +193,8 @@ class Database:
                 self.unreachable = True
             raise
         finally:
+            if not conn.broken:
+                self.last_returned = time.monotonic()
             self.pool.putconn(conn)
 
     def _take(self, timeout: float) -> Connection:
@@ -207,6 +220,12 @@ class Database:
                 continue
             self.unreachable = False
             return conn
+
+    def all_busy(self) -> bool:
+        """Every connection the pool may open is out serving a request (none idle, no room for one
+        more): a connection would come only when one is given back."""
+        stats = self.pool.get_stats()
+        return stats.get("pool_available", 0) == 0 and stats.get("pool_size", 0) >= self.pool.max_size
 
     def close(self) -> None:
         self.pool.close()

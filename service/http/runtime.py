@@ -1,9 +1,11 @@
-"""What a request needs from the process: settings, the connection pool and the plan config."""
+"""What a request needs from the process: settings, the connection pools and the plan config."""
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
+import threading
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
 
 from flask import current_app
 from psycopg_pool import ConnectionPool
@@ -11,6 +13,13 @@ from psycopg_pool import ConnectionPool
 from service.billing.plans import PlanConfig
 from service.config import Settings
 from service.db import Connection, Database
+from service.http.errors import ApiError
+
+
+class ExportsBusy(ApiError):
+    """EXPORT_POOL_SIZE exports are already running in this process; retry later."""
+
+    status, code = 503, "exports_busy"
 
 
 @dataclass
@@ -18,6 +27,12 @@ class Runtime:
     settings: Settings
     db: Database
     plans: PlanConfig
+    # The exports' own pool (EXPORT_POOL_SIZE): a slow reader holds one of these, never a take's.
+    exports: Database
+    _export_slots: threading.BoundedSemaphore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._export_slots = threading.BoundedSemaphore(max(self.settings.export_pool_size, 1))
 
     @property
     def pool(self) -> ConnectionPool[Connection]:
@@ -27,6 +42,25 @@ class Runtime:
         """The pool's own context manager (Database.connection), not one wrapped around it: a
         generator layer more on every request's checkout and return buys nothing."""
         return self.db.connection(timeout=timeout)
+
+    def close(self) -> None:
+        self.db.close()
+        self.exports.close()
+
+    @contextmanager
+    def export_connection(self) -> Iterator[Connection]:
+        """A connection of the export pool. Raises ExportsBusy at once, without waiting, when every
+        one is taken: an export that queued would hold a server thread for as long as another
+        export's reader is slow."""
+        if not self._export_slots.acquire(blocking=False):
+            raise ExportsBusy(
+                f"{self.settings.export_pool_size} exports are running in this process; retry later"
+            )
+        try:
+            with self.exports.connection() as conn:
+                yield conn
+        finally:
+            self._export_slots.release()
 
 
 def runtime() -> Runtime:
