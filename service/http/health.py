@@ -5,12 +5,10 @@ from __future__ import annotations
 import time
 
 import redis
-from flask import Blueprint, Response, current_app, jsonify
+from flask import Blueprint, Response, jsonify
 
 from service.db import Database
-from service.http import metrics
 from service.http import schemas as s
-from service.http.openapi import openapi_document
 from service.http.runtime import Runtime, runtime
 
 bp = Blueprint("health", __name__)
@@ -84,28 +82,4 @@ def database_check(db: Database) -> str:
 
 def exports_check(rt: Runtime) -> str:
     """How many exports run (informational: they have their own pool and never hold a take's)."""
-    stats = rt.exports.pool.get_stats()
-    running = stats.get("pool_size", 0) - stats.get("pool_available", 0)
-    return f"{running} of {rt.settings.export_pool_size} running (informational)"
-
-
-@bp.get("/metrics")
-def prometheus() -> Response:
-    """Prometheus metrics (every label from a fixed set).
-    ---
-    get:
-      responses:
-        200: {description: the text exposition format, content: {text/plain: {schema: {type: string}}}}
-    """
-    return metrics.render()
-
-
-@bp.get("/openapi.json")
-def openapi() -> Response:
-    """This document.
-    ---
-    get:
-      responses:
-        200: {description: OpenAPI 3, content: {application/json: {schema: {type: object}}}}
-    """
-    return jsonify(openapi_document(current_app))
+    return f"{rt.exports_running} of {rt.exports.pool.max_size} running (informational)"

@@ -29,10 +29,8 @@ class Runtime:
     plans: PlanConfig
     # The exports' own pool (EXPORT_POOL_SIZE): a slow reader holds one of these, never a take's.
     exports: Database
-    _export_slots: threading.BoundedSemaphore = field(init=False)
-
-    def __post_init__(self) -> None:
-        self._export_slots = threading.BoundedSemaphore(max(self.settings.export_pool_size, 1))
+    exports_running: int = field(default=0, init=False)
+    _exports_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     @property
     def pool(self) -> ConnectionPool[Connection]:
@@ -52,15 +50,16 @@ class Runtime:
         """A connection of the export pool. Raises ExportsBusy at once, without waiting, when every
         one is taken: an export that queued would hold a server thread for as long as another
         export's reader is slow."""
-        if not self._export_slots.acquire(blocking=False):
-            raise ExportsBusy(
-                f"{self.settings.export_pool_size} exports are running in this process; retry later"
-            )
+        with self._exports_lock:
+            if self.exports_running >= self.exports.pool.max_size:
+                raise ExportsBusy(f"{self.exports_running} exports are running in this process; retry later")
+            self.exports_running += 1
         try:
             with self.exports.connection() as conn:
                 yield conn
         finally:
-            self._export_slots.release()
+            with self._exports_lock:
+                self.exports_running -= 1
 
 
 def runtime() -> Runtime:
