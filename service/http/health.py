@@ -5,10 +5,12 @@ from __future__ import annotations
 import time
 
 import redis
-from flask import Blueprint, Response, jsonify
+from flask import Blueprint, Response, current_app, jsonify
 
 from service.db import Database
+from service.http import metrics
 from service.http import schemas as s
+from service.http.openapi import openapi_document
 from service.http.runtime import Runtime, runtime
 
 bp = Blueprint("health", __name__)
@@ -83,3 +85,25 @@ def database_check(db: Database) -> str:
 def exports_check(rt: Runtime) -> str:
     """How many exports run (informational: they have their own pool and never hold a take's)."""
     return f"{rt.exports_running} of {rt.exports.pool.max_size} running (informational)"
+
+
+@bp.get("/metrics")
+def prometheus() -> Response:
+    """Prometheus metrics (every label from a fixed set).
+    ---
+    get:
+      responses:
+        200: {description: the text exposition format, content: {text/plain: {schema: {type: string}}}}
+    """
+    return metrics.render()
+
+
+@bp.get("/openapi.json")
+def openapi() -> Response:
+    """This document.
+    ---
+    get:
+      responses:
+        200: {description: OpenAPI 3, content: {application/json: {schema: {type: object}}}}
+    """
+    return jsonify(openapi_document(current_app))
