@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 MAX_BIGINT = 2**63 - 1
 _REFUSAL = "quota_ledger.refusal"  # the HTTPException the request is answered with, before any view
+_BODY_LEFT = "quota_ledger.body_left"  # bytes of the body were left on the connection
 _ASCII_ID = re.compile(r"[0-9]{1,19}\Z")
 
 
@@ -70,21 +71,18 @@ class Inbound:
         return self.app(environ, start_response)
 
 
-_BODY_LEFT = "quota_ledger.body_left"
-
-
-def body_left_unread() -> bool:
-    """Whether bytes of this request's body are still on the connection: refused for its size, or
-    never read by the view (an answer given before it, such as 401 or 404)."""
-    if request.environ.get(_BODY_LEFT):
+def body_left_unread(limit: int) -> bool:
+    """Whether bytes of this request's body are still on the connection: refused for its size (over
+    `limit`), or never read by the view (an answer given before it, such as 401 or 404)."""
+    req = request._get_current_object()  # type: ignore[attr-defined]  # one proxy lookup, not four
+    if req.environ.get(_BODY_LEFT):
         return True
-    length = request.content_length
+    length = req.content_length
     if not length:
         return False
-    limit = request.max_content_length
-    if limit is not None and length > limit:
+    if length > limit:
         return True  # refused unread (413); asking for the stream would raise again
-    return request.stream.tell() < length  # what the view read of it
+    return bool(req.stream.tell() < length)  # what the view read of it
 
 
 def init_app(app: Flask) -> None:
@@ -104,9 +102,10 @@ def init_app(app: Flask) -> None:
 
     @app.after_request
     def _close_if_body_left(resp: Response) -> Response:
-        # A client that sent more than was read cannot tell where the next answer starts: the
-        # server closes the connection, and says so, so that a keep-alive client opens a new one
-        # instead of failing its next request. (The server honours it: service/serve.py.)
-        if body_left_unread():
+        # Bytes of the body left on the connection come before the client's next request; gunicorn
+        # drains at most 64 kB of them, else closes the connection. Say so, so that a keep-alive
+        # client opens a new connection instead of failing its next request (service/serve.py makes
+        # gunicorn honour it).
+        if body_left_unread(limit):
             resp.headers["Connection"] = "close"
         return resp
