@@ -48,9 +48,12 @@ def request(
 
 
 @contextmanager
-def serving(env: dict[str, str], *args: str, log: Path) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
-    """A `serve` subprocess on a free port, up (answering /healthz); stopped with SIGTERM after."""
-    port = free_port()
+def serving(
+    env: dict[str, str], *args: str, log: Path, port: int | None = None
+) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
+    """A `serve` subprocess on `port` (default: a free one), up (answering /healthz, asked every
+    0.2 s); stopped with SIGTERM after."""
+    port = port or free_port()
     with open(log, "ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "service.cli", "serve", "--bind", f"127.0.0.1:{port}", *args],
@@ -286,33 +289,11 @@ def test_a_crashed_master_frees_its_port_at_once_and_a_restart_cleans_up(app_db_
             time.sleep(0.05)
         freed = time.monotonic() - crashed
 
-        log = tmp_path / "restart.log"
-        restarted = [
-            sys.executable,
-            "-m",
-            "service.cli",
-            "serve",
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--workers",
-            "1",
-        ]
-        with open(log, "ab") as out:
-            again = subprocess.Popen(restarted, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-        stack.callback(lambda: (again.send_signal(signal.SIGTERM), again.wait(timeout=30)))
-        while True:
-            assert again.poll() is None, log.read_text()
-            try:
-                if request(port, "GET", "/healthz", timeout=1)[0] == 200:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() - crashed < 30, log.read_text()
-            time.sleep(0.05)
-        answering = time.monotonic() - crashed
+        with serving(env, "--workers", "1", log=tmp_path / "restart.log", port=port):
+            answering = time.monotonic() - crashed
+            assert crashed_metrics[0] not in list(temp.iterdir())  # the crashed run's folder is gone
+            assert len(list(temp.iterdir())) == 1  # the new run's
         print(f"port free {freed:.2f} s after the crash; the restart answering after {answering:.2f} s")
-        assert crashed_metrics[0] not in list(temp.iterdir())  # the crashed run's folder is gone
-        assert len(list(temp.iterdir())) == 1  # the new run's
         deadline = time.monotonic() + 10
         while any(Path(f"/proc/{w}").exists() for w in workers):  # the orphans exit, too
             assert time.monotonic() < deadline, "orphaned workers still running"
