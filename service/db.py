@@ -221,11 +221,27 @@ class Database:
             self.unreachable = False
             return conn
 
-    def all_busy(self) -> bool:
-        """Every connection the pool may open is out serving a request (none idle, no room for one
-        more): a connection would come only when one is given back."""
-        stats = self.pool.get_stats()
-        return stats.get("pool_available", 0) == 0 and stats.get("pool_size", 0) >= self.pool.max_size
+    def readiness(self, *, timeout: float) -> str:
+        """`ok` when a connection answers `SELECT 1` within `timeout` (FAIL_FAST_WAIT while the
+        database is known unreachable); `ok (busy ...)` when none was free but connections came back
+        healthy meanwhile: every one is out serving requests, which is busy, not down. Otherwise
+        `error: ...`. Unlike a request, a probe that times out does not mark the database unreachable."""
+        started = time.monotonic()
+        if self.pool.closed:
+            self.pool.open(wait=False)
+        try:
+            conn = self.pool.getconn(timeout=min(timeout, FAIL_FAST_WAIT) if self.unreachable else timeout)
+        except PoolTimeout:
+            if not self.unreachable and self.last_returned > started:
+                return f"ok (busy: all {self.pool.max_size} connections serving requests)"
+            return "error: PoolTimeout"
+        try:
+            conn.execute("SELECT 1")
+            return "ok"
+        except Exception as e:
+            return f"error: {type(e).__name__}"
+        finally:
+            self.pool.putconn(conn)
 
     def close(self) -> None:
         self.pool.close()

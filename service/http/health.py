@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import time
-
 import redis
 from flask import Blueprint, Response, current_app, jsonify
 
-from service.db import Database
 from service.http import metrics
 from service.http import schemas as s
 from service.http.openapi import openapi_document
@@ -36,11 +33,10 @@ _READY_BROKER_WAIT = 0.25
 @bp.get("/readyz")
 def readyz() -> tuple[Response, int]:
     """Readiness: this process can serve takes, i.e. its takes' pool reaches Postgres. A pool whose
-    every connection is out serving requests is ready while they keep coming back (within
-    DB_POOL_TIMEOUT): busy is not down. Exports have a pool of their own and do not decide. The
-    Celery broker (Redis) is reported, but does not decide either: takes, reads and webhooks do not
-    need it, so a broker outage must not take every web process out of rotation (the worker's own
-    health check covers the broker).
+    every connection is out serving requests is ready while they keep coming back: busy is not down.
+    Exports have a pool of their own and do not decide. The Celery broker (Redis) is reported, but
+    does not decide either: takes, reads and webhooks do not need it, so a broker outage must not
+    take every web process out of rotation (the worker's own health check covers the broker).
     ---
     get:
       responses:
@@ -48,7 +44,7 @@ def readyz() -> tuple[Response, int]:
         503: {description: not ready, content: {application/json: {schema: Readiness}}}
     """
     rt = runtime()
-    checks = {"database": database_check(rt.db)}
+    checks = {"database": rt.db.readiness(timeout=_READY_DB_WAIT)}
     try:
         client = redis.Redis.from_url(
             rt.settings.redis_url,
@@ -64,22 +60,6 @@ def readyz() -> tuple[Response, int]:
     ready = checks["database"].startswith("ok")
     body = s.READINESS.dump({"status": "ready" if ready else "unavailable", "checks": checks})
     return jsonify(body), 200 if ready else 503
-
-
-def database_check(db: Database) -> str:
-    """`ok` when a connection of the takes' pool answers; when every one is out, `ok (busy)` as long
-    as one came back within DB_POOL_TIMEOUT (a waiting take would get it), without waiting for one:
-    the probe must not queue behind the requests it reports on."""
-    if db.all_busy() and not db.unreachable:
-        if time.monotonic() - db.last_returned <= db.timeout:
-            return f"ok (busy: all {db.pool.max_size} connections serving requests)"
-        return f"error: no connection came back for {db.timeout:g} s"
-    try:
-        with db.connection(timeout=_READY_DB_WAIT) as conn:
-            conn.execute("SELECT 1")
-        return "ok"
-    except Exception as e:
-        return f"error: {type(e).__name__}"
 
 
 def exports_check(rt: Runtime) -> str:

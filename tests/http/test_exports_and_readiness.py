@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -207,13 +208,32 @@ def test_readiness_is_ready_while_every_connection_serves_requests(small_pool_ap
     rt = small_pool_app.extensions["quota"]
     client = small_pool_app.test_client()
     assert client.get("/readyz").status_code == 200
-    with rt.db.connection():  # the only connection, out serving a request
+
+    def request_a() -> None:  # holds the only connection for 0.3 s, then gives it back
+        with rt.db.connection():
+            time.sleep(0.3)
+
+    def request_b() -> None:  # waits for it before the probe does, and holds it for a second
+        conn = rt.db.pool.getconn(timeout=5)
+        time.sleep(1)
+        rt.db.pool.putconn(conn)
+
+    threads = [threading.Thread(target=request_a), threading.Thread(target=request_b)]
+    for t in threads:
+        t.start()
+        time.sleep(0.05)
+    try:
+        # the probe finds no free connection for its 0.5 s, but one came back meanwhile: busy
         started = time.monotonic()
         r = client.get("/readyz")
         assert r.status_code == 200, r.json
         assert r.json["checks"]["database"].startswith("ok (busy"), r.json
-        assert time.monotonic() - started < 0.3  # not queued behind the request it reports on
-        rt.db.last_returned -= rt.db.timeout + 1  # ... but none came back within DB_POOL_TIMEOUT
+        assert time.monotonic() - started < 1  # within a second either way
+        assert not rt.db.unreachable  # and the probe's wait marked nothing for the requests
+    finally:
+        for t in threads:
+            t.join()
+    with rt.db.connection():  # the only connection, held, and nothing comes back: not ready
         r = client.get("/readyz")
         assert r.status_code == 503, r.json
         assert r.json["checks"]["database"].startswith("error"), r.json
