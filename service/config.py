@@ -25,6 +25,11 @@ WEBHOOK_ENVIRONMENT_ANY = "any"
 _SWITCH = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
 
 
+def _path(value: str | None) -> Path | None:
+    """An optional path setting: unset or blank is None."""
+    return Path(value) if value and value.strip() else None
+
+
 @dataclass(frozen=True, kw_only=True)
 class Settings:
     database_url: str
@@ -50,6 +55,11 @@ class Settings:
     export_idle_timeout: float = 300.0
     # Verified API keys are remembered this long per process: a revoked key stops working within it.
     key_cache_seconds: float = 5.0
+    # The Ed25519 private key (PEM) that signs ledger checkpoints; kept where the database's owner
+    # cannot read it (docs/ledger-checkpoints.md).
+    ledger_checkpoint_key: Path | None = None
+    # Where the daily beat task writes a signed ledger checkpoint (with the key set; else none).
+    ledger_checkpoint_dir: Path | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, *, serving: bool = False) -> Settings:
@@ -59,7 +69,7 @@ class Settings:
         e = os.environ if env is None else env
         url = e.get("DATABASE_URL", "")
         if not url:
-            raise RuntimeError("DATABASE_URL is not set (see README: Configuration)")
+            raise RuntimeError("DATABASE_URL is not set (see docs/operations.md)")
         choices = (*WEBHOOK_ENVIRONMENTS, WEBHOOK_ENVIRONMENT_ANY)
         environment = e.get("WEBHOOK_ENVIRONMENT", "").strip().lower()
         if environment and environment not in choices:
@@ -69,7 +79,7 @@ class Settings:
         if serving and not environment:
             raise RuntimeError(
                 "WEBHOOK_ENVIRONMENT is not set: production on a production deployment, sandbox on "
-                "one that takes provider test events only, any to apply both (README: Configuration)"
+                "one that takes provider test events only, any to apply both (docs/operations.md)"
             )
         prepared = e.get("DB_PREPARED_STATEMENTS", "on").strip().lower()
         if prepared not in _SWITCH:
@@ -91,4 +101,6 @@ class Settings:
             export_pool_size=int(e.get("EXPORT_POOL_SIZE", cls.export_pool_size)),
             export_idle_timeout=float(e.get("EXPORT_IDLE_TIMEOUT", cls.export_idle_timeout)),
             key_cache_seconds=float(e.get("KEY_CACHE_SECONDS", cls.key_cache_seconds)),
+            ledger_checkpoint_key=_path(e.get("LEDGER_CHECKPOINT_KEY")),
+            ledger_checkpoint_dir=_path(e.get("LEDGER_CHECKPOINT_DIR")),
         )

@@ -12,9 +12,11 @@ from flask import Blueprint, Response, jsonify, request
 from service import errors
 from service.billing import inbox
 from service.billing.events import Change, Envelope, NoChange
-from service.http import schemas as s
+from service.errors import InvalidSignature, MalformedWebhook, WebhooksNotConfigured, WebhookUnauthorized
+from service.http.errors import refuses
 from service.http.metrics import WEBHOOKS
 from service.http.runtime import runtime
+from service.http.schemas import responses as rs
 from service.webhooks import revenuecat, stripe
 
 bp = Blueprint("webhooks", __name__, url_prefix="/webhooks")
@@ -34,13 +36,14 @@ def _receive(env: Envelope, *, allowed: bool, translate: inbox.Translate) -> Res
         "locked" if receipt.locked else "one_statement",
     ).inc()
     return jsonify(
-        s.WEBHOOK_RECEIPT.dump(
+        rs.WEBHOOK_RECEIPT.dump(
             {"received": True, "id": receipt.id, "status": receipt.status, "duplicate": receipt.duplicate}
         )
     )
 
 
 @bp.post("/stripe")
+@refuses(InvalidSignature, MalformedWebhook, WebhooksNotConfigured)
 def stripe_webhook() -> Response:
     """A Stripe event: verified, stored, applied.
     ---
@@ -54,8 +57,6 @@ def stripe_webhook() -> Response:
       requestBody: {required: true, content: {application/json: {schema: StripeEvent}}}
       responses:
         200: {description: stored (applied, ignored, unmatched or failed) or a duplicate, content: {application/json: {schema: WebhookReceipt}}}
-        400: Error
-        503: Error
     """  # noqa: E501
     settings = runtime().settings
     env = stripe.verify(
@@ -65,6 +66,7 @@ def stripe_webhook() -> Response:
 
 
 @bp.post("/revenuecat")
+@refuses(WebhookUnauthorized, MalformedWebhook, WebhooksNotConfigured)
 def revenuecat_webhook() -> Response:
     """A RevenueCat event: authenticated, stored, applied.
     ---
@@ -73,9 +75,6 @@ def revenuecat_webhook() -> Response:
       requestBody: {required: true, content: {application/json: {schema: RevenueCatDelivery}}}
       responses:
         200: {description: stored (applied, ignored, unmatched or failed) or a duplicate, content: {application/json: {schema: WebhookReceipt}}}
-        400: Error
-        401: Error
-        503: Error
     """  # noqa: E501
     settings = runtime().settings
     revenuecat.authenticate(request.headers.get("Authorization"), settings.revenuecat_webhook_auth)

@@ -383,9 +383,8 @@ def test_the_take_is_one_call_delegated_to_the_accounts_worker(conn, plans):
     assert "Subplan" not in plan, plan
     set_override(conn, account, "urls", 2)
     conn.execute("UPDATE quotas SET period = %s WHERE account_id = %s", (EARLIER, account))
-    conn.execute(
-        "UPDATE quotas SET used = 1, chain_seq = 0 WHERE account_id = %s AND metric = 'urls'", (account,)
-    )
+    # a unit held in the earlier month, taken there (so the chain holds it: verify checks used_after)
+    takes.take(conn, plans, account_id=account, metric="urls", actor="t", period=EARLIER)
     first = takes.take(conn, plans, account_id=account, metric="urls", actor="t")  # rolls over first
     second = takes.take(conn, plans, account_id=account, metric="urls", actor="t")
     with pytest.raises(QuotaExhausted):
@@ -394,5 +393,5 @@ def test_the_take_is_one_call_delegated_to_the_accounts_worker(conn, plans):
     got = conn.execute(
         "SELECT kind, seq, id > 2^48 FROM ledger WHERE account_id = %s ORDER BY seq", (account,)
     ).fetchall()
-    assert got == [("reset", 1, False), ("take", 2, True), ("take", 3, True)]
+    assert got == [("take", 1, True), ("reset", 2, False), ("take", 3, True), ("take", 4, True)]
     assert chain.verify(conn, account_id=account).ok
