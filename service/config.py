@@ -47,6 +47,12 @@ class Settings:
     # Off behind a transaction pooler that cannot keep prepared statements across transactions
     # (PgBouncer before 1.21, or without max_prepared_statements): every statement is sent unprepared.
     db_prepared_statements: bool = True
+    # Exports (GET /v1/ledger.csv) run on a pool of their own, this many per process at once; one
+    # more is answered 503 at once. Their connections are never the takes' (DB_POOL_SIZE).
+    export_pool_size: int = 2
+    # An export whose reader takes nothing for this long is ended: the socket's send times out, and
+    # PostgreSQL ends its transaction when idle this long (idle_in_transaction_session_timeout).
+    export_idle_timeout: float = 300.0
     # Verified API keys are remembered this long per process: a revoked key stops working within it.
     key_cache_seconds: float = 5.0
     # The Ed25519 private key (PEM) that signs ledger checkpoints; kept where the database's owner
@@ -92,6 +98,8 @@ class Settings:
             db_pool_size=int(e.get("DB_POOL_SIZE", cls.db_pool_size)),
             db_pool_timeout=float(e.get("DB_POOL_TIMEOUT", cls.db_pool_timeout)),
             db_prepared_statements=_SWITCH[prepared],
+            export_pool_size=int(e.get("EXPORT_POOL_SIZE", cls.export_pool_size)),
+            export_idle_timeout=float(e.get("EXPORT_IDLE_TIMEOUT", cls.export_idle_timeout)),
             key_cache_seconds=float(e.get("KEY_CACHE_SECONDS", cls.key_cache_seconds)),
             ledger_checkpoint_key=_path(e.get("LEDGER_CHECKPOINT_KEY")),
             ledger_checkpoint_dir=_path(e.get("LEDGER_CHECKPOINT_DIR")),

@@ -243,7 +243,7 @@ def running_app(settings: Settings) -> Iterator[Any]:
     try:
         yield application
     finally:
-        application.extensions["quota"].pool.close()
+        application.extensions["quota"].close()
 
 
 @pytest.fixture

@@ -36,6 +36,9 @@ def build_app(settings: Settings | None = None) -> Flask:
         settings=settings,
         db=Database(settings),
         plans=load_plans(settings.plans_file),
+        exports=Database(
+            settings, name="quota-ledger-export", min_size=0, max_size=settings.export_pool_size
+        ),
     )
     errors.init_app(app)
     metrics.init_app(app)  # first of the before_request hooks, so that every answer is timed
