@@ -250,7 +250,7 @@ class Readiness(Schema):
     checks = fields.Dict(
         keys=fields.String(),
         values=fields.String(),
-        metadata={"description": "database, broker: ok or why"},
+        metadata={"description": "database (decides), broker and exports (reported only): ok or why"},
     )
 
 
