@@ -56,8 +56,8 @@ import psycopg  # noqa: E402
 import stripe  # noqa: E402
 from common import recreate_database, server, server_urls, wrk_ms, wrk_seconds  # noqa: E402
 
-from service.billing.plans import load_plans  # noqa: E402
 from service.migrate import migrate  # noqa: E402
+from service.plans import load_plans  # noqa: E402
 from service.quota import periods  # noqa: E402
 
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify
 
-from service.billing import inbox
+from service import webhooks
+from service.billing import delivery, inbox
 from service.errors import UnknownEvent
 from service.http import schemas as s
 from service.http.auth import actor, require
 from service.http.inbound import ascii_id
 from service.http.runtime import runtime
 from service.http.validation import query_args
-from service.http.webhooks import translator
 
 bp = Blueprint("events", __name__, url_prefix="/v1/admin/events")
 
@@ -52,5 +52,6 @@ def replay_event(inbox_id: str) -> Response:
         raise UnknownEvent(f"no stored webhook event has id {inbox_id!r}")
     rt = runtime()
     with rt.connection() as conn:
-        event = inbox.replay(conn, rt.plans, number, translate_for=translator, actor=actor())
+        translate_for = webhooks.translators(rt.settings.webhook_environment)
+        event = delivery.replay(conn, rt.plans, number, translate_for=translate_for, actor=actor())
     return jsonify(s.STORED_EVENT.dump(event))

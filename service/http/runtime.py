@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from flask import current_app
 from psycopg_pool import ConnectionPool
 
-from service.billing.plans import PlanConfig
 from service.config import Settings
 from service.db import Connection, Database
+from service.plans import PlanConfig
 
 
 @dataclass

@@ -27,8 +27,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import class_row, dict_row
 
-from service.billing.plans import Limit, PlanConfig
 from service.db import Connection, Q, transaction, try_advisory_xact_lock
+from service.plans import Limit, PlanConfig
 from service.quota import periods
 
 log = logging.getLogger(__name__)

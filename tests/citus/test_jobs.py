@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from service.billing.plans import parse_plans
 from service.errors import QuotaExhausted
+from service.plans import parse_plans
 from service.quota import chain, ledger, reset
 from service.quota.plan_sync import LimitChange, sync_plans
 from service.quota.takes import take
