@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 from psycopg import pq
 
 from service.billing import delivery
-from service.billing.events import Envelope
 from service.billing.delivery import Receipt
+from service.billing.events import Envelope
 from service.plans import PlanConfig
 from service.quota.accounts import upsert_account
 from service.webhooks import revenuecat, stripe
@@ -216,7 +216,8 @@ def test_a_transfer_moves_the_version_of_the_account_it_fills(
         upsert_account(conn, plans, account_id=a, kind="user")
     renewal = revenuecat.parse(body_of(fixture("revenuecat", "renewal")))
     assert (
-        delivery.receive(conn, plans, renewal, allowed=True, translate=revenuecat.translate).status == "applied"
+        delivery.receive(conn, plans, renewal, allowed=True, translate=revenuecat.translate).status
+        == "applied"
     )
     t = now() - 100  # the target also pays through Stripe, on Basic, with a newer event than RevenueCat's
     receive(
