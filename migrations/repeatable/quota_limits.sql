@@ -70,9 +70,9 @@ $$;
 
 -- The same rule for many (account, metric) targets (plan sync): quota_set_plan_limits for each
 -- account that has a row to change, in account order (so rows are locked in (account, metric)
--- order, as before). Returns the changes. Which accounts: one read without locks over all the
--- targets (on Citus, a distributed read, which may span shards): a daily sync mostly finds none,
--- and a call per account costs several times what one set-based statement did.
+-- order). Returns the changes. Which accounts: one read without locks over all the targets (on
+-- Citus, a distributed read, which may span shards): a daily sync mostly finds none, and a call
+-- per account costs more than the read (docs/design/billing.md).
 CREATE OR REPLACE FUNCTION quota_set_plan_limits_batch(
     p_account_ids text[], p_metrics text[], p_plan_limits bigint[], p_free_limits bigint[],
     p_lapsed boolean[], p_actor text
