@@ -219,7 +219,12 @@ def bound_unmatched(conn: Connection, provider: str, *, keep: int) -> int:
     connection."""
     removed = 0
     while True:
-        gone = _remove(conn, Q.inbox_over_bound, {"provider": provider, "keep": keep}, reason="over_bound")
+        gone = [
+            event_id
+            for _, event_id in _remove(
+                conn, Q.inbox_over_bound, {"provider": provider, "keep": keep}, reason="over_bound"
+            )
+        ]
         if gone:
             log.warning(
                 "inbox: %d unmatched %s events over the bound of %d removed (INBOX_UNMATCHED_LIMIT): %s",
@@ -239,25 +244,24 @@ def purge(
     """Remove what `retention` no longer keeps, as of `at`, in short transactions of at most
     PURGE_BATCH rows each, counting each removal (webhook_events_purged). Safe to run twice and
     beside deliveries. Needs an autocommit connection."""
-    ignored = _purge_older(conn, Q.inbox_purge_ignored, at - timedelta(days=retention.ignored_days))
-    applied = 0
-    if retention.applied_days > 0:
-        applied = _purge_older(conn, Q.inbox_purge_applied, at - timedelta(days=retention.applied_days))
+    params: dict[str, object] = {
+        "ignored_before": at - timedelta(days=retention.ignored_days),
+        "applied_before": at - timedelta(days=retention.applied_days) if retention.applied_days else None,
+    }
+    ignored = applied = 0
+    while True:
+        gone = _remove(conn, Q.inbox_purge, params, reason="retention")
+        ignored += sum(status == "ignored" for status, _ in gone)
+        applied += sum(status == "applied" for status, _ in gone)
+        if len(gone) < PURGE_BATCH:  # each part removed less than a batch: nothing is left
+            break
     over = sum(bound_unmatched(conn, p, keep=retention.unmatched_limit) for p in providers)
     return PurgeOutcome(ignored=ignored, applied=applied, over_bound=over)
 
 
-def _purge_older(conn: Connection, query: str, before: datetime) -> int:
-    removed = 0
-    while True:
-        gone = _remove(conn, query, {"before": before}, reason="retention")
-        removed += len(gone)
-        if len(gone) < PURGE_BATCH:
-            return removed
-
-
-def _remove(conn: Connection, query: str, params: dict[str, object], *, reason: str) -> list[str]:
-    """Run one removing statement and count what it removed, in one transaction; the event ids."""
+def _remove(conn: Connection, query: str, params: dict[str, object], *, reason: str) -> list[tuple[str, str]]:
+    """Run one removing statement and count what it removed, in one transaction; the status and
+    event id of each."""
     with transaction(conn), conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(query, {**params, "batch": PURGE_BATCH}).fetchall()
         counts: dict[tuple[str, str], list[str]] = {}
@@ -274,7 +278,7 @@ def _remove(conn: Connection, query: str, params: dict[str, object], *, reason: 
                     "last_event_id": ids[-1],
                 },
             )
-    return [str(r["event_id"]) for r in rows]
+    return [(str(r["status"]), str(r["event_id"])) for r in rows]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -77,25 +77,21 @@ DELETE FROM webhook_events w
  WHERE w.id = o.id
 RETURNING w.provider, w.status, w.event_id
 
--- name: inbox_purge_ignored
--- Retention: ignored events received before `before`, at most `batch`, oldest first, removed
--- (found by the webhook_events_ignored index, not by walking what is kept).
+-- name: inbox_purge
+-- Retention: ignored events received before `ignored_before`, and applied ones before
+-- `applied_before` (NULL: kept for ever, and not looked at), at most `batch` of each, oldest first,
+-- removed. Ignored rows are found by the webhook_events_ignored index, not by walking what is kept.
 DELETE FROM webhook_events w
- USING (SELECT id FROM webhook_events
-         WHERE status = 'ignored' AND received_at < %(before)s
-         ORDER BY id
-         LIMIT %(batch)s) o
- WHERE w.id = o.id
-RETURNING w.provider, w.status, w.event_id
-
--- name: inbox_purge_applied
--- Retention: applied events received before `before` (INBOX_APPLIED_DAYS, when finance lets them
--- go), at most `batch`, oldest first, removed.
-DELETE FROM webhook_events w
- USING (SELECT id FROM webhook_events
-         WHERE status = 'applied' AND received_at < %(before)s
-         ORDER BY id
-         LIMIT %(batch)s) o
+ USING ((SELECT id FROM webhook_events
+          WHERE status = 'ignored' AND received_at < %(ignored_before)s
+          ORDER BY id
+          LIMIT %(batch)s)
+        UNION ALL
+        (SELECT id FROM webhook_events
+          WHERE %(applied_before)s::timestamptz IS NOT NULL
+            AND status = 'applied' AND received_at < %(applied_before)s
+          ORDER BY id
+          LIMIT %(batch)s)) o
  WHERE w.id = o.id
 RETURNING w.provider, w.status, w.event_id
 
