@@ -193,7 +193,7 @@ $$;
 -- reference tables. A statement of its own each, because Citus mishandles the intermediate results
 -- of a chain of data-modifying CTEs (README "Scaling out").
 --
--- Who picks the account (apply.deliver_in_one_statement): the first id the event names, when it names one
+-- Who picks the account (apply.deliver_subscription): the first id the event names, when it names one
 -- (the common case), with p_resolved false: if that account exists, it is the one billing_account
 -- would pick (named ids come first); if it does not, nothing is written and the answer is
 -- `unresolved`. Otherwise billing_account picks it first, and p_resolved is true (NULL: unmatched,

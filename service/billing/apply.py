@@ -6,7 +6,7 @@ account's tier (billing_set_tier), that a customer keeps its first account (bill
 the ordering of events and the lapse rule (billing_deliver). Python picks the account, builds the
 parameters and turns the answer into an `Outcome`. Nothing here touches usage, the ledger or an
 override; plan limits follow the tier in quota's SQL, which billing's SQL calls. Everything runs in
-the caller's transaction, except `deliver_in_one_statement`, which is its own.
+the caller's transaction, except `deliver_subscription`, which is its own.
 
 One shard per account on Citus: the account is found by a read of the billing tables, then locked
 by its id, and every statement that reads or writes an account's tables names it. Several accounts
@@ -221,7 +221,7 @@ def deliver_params(
     }
 
 
-def run_deliver(conn: Connection, params: dict[str, object]) -> Outcome:
+def billing_deliver(conn: Connection, params: dict[str, object]) -> Outcome:
     """Run billing_deliver with `params` (deliver_params). Raises psycopg's SerializationFailure
     when it cannot decide alone (a subscription moving from another account without `locked`, a
     copy stored meanwhile: see the function)."""
@@ -240,7 +240,7 @@ def run_deliver(conn: Connection, params: dict[str, object]) -> Outcome:
     )
 
 
-def deliver_in_one_statement(
+def deliver_subscription(
     conn: Connection, plans: PlanConfig, env: Envelope, change: SubscriptionChange, *, actor: str
 ) -> Outcome:
     """The common case, in autocommit: store and apply a subscription event in one statement for the
@@ -259,7 +259,7 @@ def deliver_in_one_statement(
             account_id=account_id,
             resolved=resolved,
         )
-        return run_deliver(conn, params)
+        return billing_deliver(conn, params)
 
     done = deliver(change.account_ids[0], resolved=False) if change.account_ids else None
     if done is None or done.status == UNRESOLVED:
@@ -288,7 +288,7 @@ def _subscription(
         account_id=account.id if account else None,
         resolved=True,
     )
-    done = run_deliver(conn, params)
+    done = billing_deliver(conn, params)
     if done.moved_from is not None:
         set_tier(conn, plans, lock_accounts(conn, [done.moved_from]), actor=actor)
     return replace(done, subscription_id=change.subscription_id, customer_id=change.customer_id)

@@ -151,7 +151,7 @@ def _deliver(conn: Connection, plans: PlanConfig, env: Envelope, change: Change)
     actor = f"webhook:{env.provider}:{env.event_id}"
     if isinstance(change, SubscriptionChange):
         try:
-            done = apply.deliver_in_one_statement(conn, plans, env, change, actor=actor)
+            done = apply.deliver_subscription(conn, plans, env, change, actor=actor)
         except RETRYABLE:
             pass  # the designed way out: it gave way (or deadlocked) and rolled back; the locked path
         except (psycopg.OperationalError, psycopg.DataError):

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from service.billing.apply import deliver_params, run_deliver
+from service.billing.apply import billing_deliver, deliver_params
 from service.billing.events import Envelope, PlanKeys, SubscriptionChange
 from service.db import Q
 from service.errors import QuotaExhausted
@@ -191,7 +191,7 @@ def test_a_webhook_delivery_touches_its_accounts_shard_alone(conn, plans, resolv
     account = new_account(conn, plans)
     params = _delivery(plans, account_id=account, resolved=resolved, event_id=f"evt_{resolved}")
 
-    sent = _commands(conn, lambda: run_deliver(conn, params))
+    sent = _commands(conn, lambda: billing_deliver(conn, params))
 
     assert conn.execute(
         "SELECT plan, subscription_status FROM accounts WHERE id = %s", (account,)
