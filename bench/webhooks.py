@@ -14,8 +14,8 @@ Events are `customer.subscription.updated` for one subscription per account, spr
 --accounts accounts (each starts on Basic, active). --change-rate is the share of events that move
 their subscription to another price (basic, pro) or status (active, past_due, trialing), so that the
 account's tier or status changes (billing_set_tier: limits and audit rows); the others repeat the
-subscription's state, as renewals do. The default, 1.0, is the worst case. The bodies have the vendored fixture's
-full shape (about 4 kB).
+subscription's state, as renewals do. The default, 1.0, is the worst case. The bodies have the
+vendored fixture's full shape (about 4 kB).
 
 Prints each repetition, then medians of throughput, p50 and p99 (the acknowledgement latency a
 provider sees), and the median of the per-repetition throughput ratios (ours / baseline; target
