@@ -5,7 +5,7 @@ ones kept; `quota-ledger inbox stats` shows what is kept and what went."""
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -84,9 +84,9 @@ def test_the_purge_removes_old_ignored_events_and_keeps_what_matters(conn, plans
         raise ValueError("cannot read it")
 
     assert _receive(conn, plans, broken, translate=unreadable).status == "failed"
-    conn.execute("UPDATE webhook_events SET received_at = received_at - interval '40 days'")
-
     at = datetime.now(UTC)
+    # received 40 days ago (a value: Citus takes no STABLE function of a column in an UPDATE)
+    conn.execute("UPDATE webhook_events SET received_at = %s", (at - timedelta(days=40),))
     keep_applied = inbox.Retention(applied_days=0, ignored_days=30, unmatched_limit=10)
     outcome = inbox.purge(conn, keep_applied, providers=PROVIDERS, at=at)
     assert (outcome.ignored, outcome.applied, outcome.over_bound) == (1, 0, 0)
