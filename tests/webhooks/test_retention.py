@@ -97,24 +97,12 @@ def test_the_purge_removes_old_ignored_events_and_keeps_what_matters(conn, plans
     assert inbox.purge(conn, keep_applied, providers=PROVIDERS, at=at).ignored == 0
 
     # finance lets applied events go after 35 days; younger ones stay
-    assert (
-        inbox.purge(
-            conn,
-            inbox.Retention(applied_days=45, ignored_days=30, unmatched_limit=10),
-            providers=PROVIDERS,
-            at=at,
-        ).applied
-        == 0
-    )
-    assert (
-        inbox.purge(
-            conn,
-            inbox.Retention(applied_days=35, ignored_days=30, unmatched_limit=10),
-            providers=PROVIDERS,
-            at=at,
-        ).applied
-        == 1
-    )
+    def applied_gone(days: int) -> int:
+        retention = inbox.Retention(applied_days=days, ignored_days=30, unmatched_limit=10)
+        return inbox.purge(conn, retention, providers=PROVIDERS, at=at).applied
+
+    assert applied_gone(45) == 0
+    assert applied_gone(35) == 1
     assert _kept(conn, "applied") == []
     assert _removed(conn) == {
         ("stripe", "ignored", "retention"): 1,
