@@ -60,7 +60,7 @@ class Settings:
         e = os.environ if env is None else env
         url = e.get("DATABASE_URL", "")
         if not url:
-            raise RuntimeError("DATABASE_URL is not set (see README: Configuration)")
+            raise RuntimeError("DATABASE_URL is not set (see docs/operations.md)")
         choices = (*WEBHOOK_ENVIRONMENTS, WEBHOOK_ENVIRONMENT_ANY)
         environment = e.get("WEBHOOK_ENVIRONMENT", "").strip().lower()
         if environment and environment not in choices:
@@ -70,7 +70,7 @@ class Settings:
         if serving and not environment:
             raise RuntimeError(
                 "WEBHOOK_ENVIRONMENT is not set: production on a production deployment, sandbox on "
-                "one that takes provider test events only, any to apply both (README: Configuration)"
+                "one that takes provider test events only, any to apply both (docs/operations.md)"
             )
         prepared = e.get("DB_PREPARED_STATEMENTS", "on").strip().lower()
         if prepared not in _SWITCH:

@@ -1,6 +1,6 @@
 """The Celery app and its beat schedule.
 
-Settings that matter for exactly-once effects (see reference/reliability.md §3):
+Settings that matter for exactly-once effects:
 - `task_acks_late` + `task_reject_on_worker_lost`: a task whose worker process dies is re-queued,
   not lost; every task is safe to run twice, so a redelivery only repeats a no-op.
 - The Redis `visibility_timeout` is longer than any task may run (`task_time_limit`), and no task

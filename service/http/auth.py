@@ -12,6 +12,7 @@ from flask import g, request
 from service.http.errors import Forbidden, Unauthorized
 from service.http.runtime import runtime
 from service.keys import KeyOwner, hash_key, verify_key
+from service.vocabulary import Role
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -45,7 +46,10 @@ def authenticate() -> KeyOwner:
 
 
 def require(*roles: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """Allow only keys whose role is one of `roles`; the key's owner is `g.key`."""
+    """Allow only keys whose role is one of `roles` (each a Role: a name that is none is refused
+    when the view is defined); the key's owner is `g.key`."""
+    for role in roles:
+        Role(role)
 
     def decorate(view: Callable[P, R]) -> Callable[P, R]:
         @wraps(view)

@@ -6,9 +6,9 @@ import redis
 from flask import Blueprint, Response, current_app, jsonify
 
 from service.http import metrics
-from service.http import schemas as s
 from service.http.openapi import openapi_document
 from service.http.runtime import runtime
+from service.http.schemas import responses as rs
 
 bp = Blueprint("health", __name__)
 
@@ -21,7 +21,7 @@ def healthz() -> Response:
       responses:
         200: {description: alive, content: {application/json: {schema: Health}}}
     """
-    return jsonify(s.HEALTH.dump({"status": "ok"}))
+    return jsonify(rs.HEALTH.dump({"status": "ok"}))
 
 
 # /readyz answers within a second even while the database or Redis does not: an orchestrator that
@@ -61,7 +61,7 @@ def readyz() -> tuple[Response, int]:
     except Exception as e:
         checks["broker"] = f"error: {type(e).__name__} (informational: the web tier serves without it)"
     ready = checks["database"] == "ok"
-    body = s.READINESS.dump({"status": "ready" if ready else "unavailable", "checks": checks})
+    body = rs.READINESS.dump({"status": "ready" if ready else "unavailable", "checks": checks})
     return jsonify(body), 200 if ready else 503
 
 

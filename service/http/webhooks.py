@@ -12,9 +12,11 @@ from flask import Blueprint, Response, jsonify, request
 from service import errors, webhooks
 from service.billing import delivery
 from service.billing.events import Envelope
-from service.http import schemas as s
+from service.errors import InvalidSignature, MalformedWebhook, WebhooksNotConfigured, WebhookUnauthorized
+from service.http.errors import refuses
 from service.http.metrics import WEBHOOKS
 from service.http.runtime import runtime
+from service.http.schemas import responses as rs
 from service.webhooks import revenuecat, stripe
 
 bp = Blueprint("webhooks", __name__, url_prefix="/webhooks")
@@ -42,13 +44,14 @@ def _receive(env: Envelope, *, allowed: bool) -> Response:
         "locked" if receipt.locked else "one_statement",
     ).inc()
     return jsonify(
-        s.WEBHOOK_RECEIPT.dump(
+        rs.WEBHOOK_RECEIPT.dump(
             {"received": True, "id": receipt.id, "status": receipt.status, "duplicate": receipt.duplicate}
         )
     )
 
 
 @bp.post("/stripe")
+@refuses(InvalidSignature, MalformedWebhook, WebhooksNotConfigured)
 def stripe_webhook() -> Response:
     """A Stripe event: verified, stored, applied.
     ---
@@ -62,8 +65,6 @@ def stripe_webhook() -> Response:
       requestBody: {required: true, content: {application/json: {schema: StripeEvent}}}
       responses:
         200: {description: stored (applied, ignored, unmatched or failed) or a duplicate, content: {application/json: {schema: WebhookReceipt}}}
-        400: Error
-        503: Error
     """  # noqa: E501
     settings = runtime().settings
     env = stripe.verify(
@@ -73,6 +74,7 @@ def stripe_webhook() -> Response:
 
 
 @bp.post("/revenuecat")
+@refuses(WebhookUnauthorized, MalformedWebhook, WebhooksNotConfigured)
 def revenuecat_webhook() -> Response:
     """A RevenueCat event: authenticated, stored, applied.
     ---
@@ -81,9 +83,6 @@ def revenuecat_webhook() -> Response:
       requestBody: {required: true, content: {application/json: {schema: RevenueCatDelivery}}}
       responses:
         200: {description: stored (applied, ignored, unmatched or failed) or a duplicate, content: {application/json: {schema: WebhookReceipt}}}
-        400: Error
-        401: Error
-        503: Error
     """  # noqa: E501
     settings = runtime().settings
     revenuecat.authenticate(request.headers.get("Authorization"), settings.revenuecat_webhook_auth)

@@ -1,5 +1,5 @@
 """Redis (the Celery broker) stopped and started: the web tier stays ready, and a monthly reset cut
-off by the outage is finished by the hourly catch-up, its designed bound (README: operations)."""
+off by the outage is finished by the hourly catch-up, its designed bound (docs/operations.md)."""
 
 from __future__ import annotations
 

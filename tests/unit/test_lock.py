@@ -32,7 +32,7 @@ def test_the_lock_pins_every_dependency_of_pyproject_with_hashes():
         env = {"python_version": "3.11", "python_full_version": "3.11.0"}  # the image's Python
         if dep.marker is None or dep.marker.evaluate(env):
             name = canonicalize_name(dep.name)
-            assert name in pins, f"{dep.name} is not in requirements.lock: refresh it (README: Deploying)"
+            assert name in pins, f"{dep.name} is not in requirements.lock: refresh it (docs/operations.md)"
             assert dep.specifier.contains(pins[name], prereleases=True), (dep, pins[name])
     blocks = re.split(r"\n(?=[A-Za-z0-9])", LOCK.read_text().split("\n", 2)[2])
     assert all("--hash=sha256:" in block for block in blocks if "==" in block)
