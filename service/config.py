@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +61,12 @@ class Settings:
     ledger_checkpoint_key: Path | None = None
     # Where the daily beat task writes a signed ledger checkpoint (with the key set; else none).
     ledger_checkpoint_dir: Path | None = None
+    # The webhook inbox's retention (service/billing/inbox.py): applied events kept this many days
+    # (0: for ever, until finance says otherwise), ignored ones this many days, and at most this many
+    # unmatched events per provider (the oldest beyond it are removed, counted and logged).
+    inbox_applied_days: int = 0
+    inbox_ignored_days: int = 30
+    inbox_unmatched_limit: int = 10_000
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, *, serving: bool = False) -> Settings:
@@ -103,4 +110,17 @@ class Settings:
             key_cache_seconds=float(e.get("KEY_CACHE_SECONDS", cls.key_cache_seconds)),
             ledger_checkpoint_key=_path(e.get("LEDGER_CHECKPOINT_KEY")),
             ledger_checkpoint_dir=_path(e.get("LEDGER_CHECKPOINT_DIR")),
+            inbox_applied_days=_count(e, "INBOX_APPLIED_DAYS", cls.inbox_applied_days),
+            inbox_ignored_days=_count(e, "INBOX_IGNORED_DAYS", cls.inbox_ignored_days),
+            inbox_unmatched_limit=_count(e, "INBOX_UNMATCHED_LIMIT", cls.inbox_unmatched_limit, minimum=1),
         )
+
+
+def _count(env: Mapping[str, str], name: str, default: int, *, minimum: int = 0) -> int:
+    """A whole number >= `minimum` from the environment, or `default` when unset."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) < minimum:
+        raise RuntimeError(f"{name} must be a whole number >= {minimum}, not {raw!r}")
+    return int(raw)

@@ -55,6 +55,13 @@ BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
         "schedule": crontab(minute=25, hour=3),
         "options": {"expires": 60 * 60},
     },
+    # Hourly: the webhook inbox's retention (ignored and, if set, applied events past their days;
+    # unmatched ones over the per-provider bound).
+    "purge-inbox": {
+        "task": "billing.purge_inbox",
+        "schedule": crontab(minute=55),
+        "options": {"expires": 50 * 60},
+    },
     "plan-sync": {
         "task": "quota.plan_sync",
         "schedule": crontab(minute=15, hour=2),

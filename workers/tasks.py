@@ -4,12 +4,13 @@ run twice (a second run is a no-op), which acks_late redelivery relies on."""
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import UTC, datetime
 
-from service.billing import expiry
-from service.billing.plans import load_plans
+from service import webhooks
+from service.billing import expiry, inbox
 from service.config import Settings
 from service.db import Connection, connect
+from service.plans import load_plans
 from service.quota import checkpoint, plan_sync, reset
 from workers.app import app
 
@@ -111,3 +112,15 @@ def ledger_checkpoint(at: str | None = None) -> dict[str, object]:
         return {"status": "exists"}
     log.info("%s", written.message)
     return written.as_dict()
+
+
+@app.task(name="billing.purge_inbox")
+def purge_inbox() -> dict[str, object]:
+    """Remove the inbox rows past their retention (INBOX_* settings), counting each removal."""
+    settings = Settings.from_env()
+    with _connect(settings) as conn:
+        outcome = inbox.purge(
+            conn, inbox.Retention.of(settings), providers=webhooks.PROVIDERS, at=datetime.now(UTC)
+        )
+    log.info("%s", outcome.message)
+    return {"ignored": outcome.ignored, "applied": outcome.applied, "over_bound": outcome.over_bound}

@@ -18,7 +18,7 @@ from service.config import Settings
 from service.vocabulary import Role
 
 if TYPE_CHECKING:
-    from service.billing.plans import PlanConfig
+    from service.plans import PlanConfig
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -171,8 +171,8 @@ def cmd_reset_month(args: argparse.Namespace) -> int:
 def _job_plans(command: str, settings: Settings) -> PlanConfig:
     """The plan config for a job that writes by it; a broken file refuses the job before it starts
     (exit 2), so that nothing is changed by half a config."""
-    from service.billing.plans import load_plans
     from service.errors import PlanConfigError
+    from service.plans import load_plans
 
     try:
         return load_plans(settings.plans_file)
@@ -364,6 +364,50 @@ def cmd_expire_access(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_inbox_stats(args: argparse.Namespace) -> int:
+    """What the webhook inbox keeps, per provider and status, and what its retention removed."""
+    from service.billing import inbox
+
+    settings = _settings()
+    with _connect(settings) as conn:
+        kept, removed = inbox.stats(conn)
+    r = inbox.Retention.of(settings)
+    applied = f"{r.applied_days} days" if r.applied_days else "for ever"
+    print(
+        f"retention: applied {applied}, ignored {r.ignored_days} days, failed until replayed, "
+        f"unmatched at most {r.unmatched_limit:,} per provider"
+    )
+    print(f"{'provider':<11} {'status':<10} {'events':>10} {'payload MB':>10}  oldest")
+    for k in kept:
+        print(
+            f"{k.provider:<11} {k.status:<10} {k.events:>10,} {k.payload_bytes / 1e6:>10.1f}  "
+            f"{k.oldest.isoformat(timespec='seconds')}"
+        )
+    for g in removed:
+        print(
+            f"removed: {g.provider} {g.status} ({g.reason}): {g.events:,}, the latest "
+            f"{g.last_at.isoformat(timespec='seconds')} (e.g. {g.last_event_id})"
+        )
+    return 0
+
+
+def cmd_inbox_purge(args: argparse.Namespace) -> int:
+    """Remove what the inbox's retention no longer keeps, the same code as the hourly task."""
+    from datetime import UTC, datetime
+
+    from service import webhooks
+    from service.billing import inbox
+
+    _log_to_stderr(args.verbose)
+    settings = _settings()
+    with _connect(settings) as conn:
+        outcome = inbox.purge(
+            conn, inbox.Retention.of(settings), providers=webhooks.PROVIDERS, at=datetime.now(UTC)
+        )
+    print(outcome.message)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="quota-ledger", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -485,6 +529,16 @@ def build_parser() -> argparse.ArgumentParser:
     expire = sub.add_parser("expire-access", help="end subscriptions whose access ended by time")
     expire.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     expire.set_defaults(func=cmd_expire_access)
+
+    box = sub.add_parser("inbox", help="the webhook inbox's retention").add_subparsers(
+        dest="inbox_command", required=True
+    )
+    box.add_parser("stats", help="what the inbox keeps and what its retention removed").set_defaults(
+        func=cmd_inbox_stats
+    )
+    purge = box.add_parser("purge", help="remove what the retention no longer keeps (as the hourly task)")
+    purge.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    purge.set_defaults(func=cmd_inbox_purge)
     return parser
 
 

@@ -6,10 +6,10 @@ import logging
 
 from flask import Flask
 
-from service.billing.plans import load_plans
 from service.config import Settings
 from service.db import Database
 from service.http.runtime import Runtime
+from service.plans import load_plans
 
 
 def build_app(settings: Settings | None = None) -> Flask:

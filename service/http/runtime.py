@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from flask import current_app
 from psycopg_pool import ConnectionPool
 
-from service.billing.plans import PlanConfig
 from service.config import Settings
 from service.db import Connection, Database
 from service.http.errors import ApiError
+from service.plans import PlanConfig
 
 
 class ExportsBusy(ApiError):

@@ -78,6 +78,7 @@ def test_beat_schedule() -> None:
         "quota.monthly_reset",
         "quota.reset_catch_up",
         "quota.plan_sync",
+        "billing.purge_inbox",
         "billing.expire_access",
         "ledger.checkpoint",
     }
