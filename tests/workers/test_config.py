@@ -172,5 +172,5 @@ def test_docker_compose_least_privilege_and_front() -> None:
     published = {name for name, svc in services.items() if svc.get("ports")}
     assert published == {"front"}
     front = (ROOT / "deploy" / "nginx.conf").read_text()
-    assert "server web:8000" in front and "location = /metrics" in front
+    assert "set $web web:8000;" in front and "location = /metrics" in front
     assert "proxy_request_buffering on" in front and "client_body_timeout" in front
