@@ -48,6 +48,20 @@ BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
         "schedule": crontab(minute=45),
         "options": {"expires": 50 * 60},
     },
+    # Daily: a signed checkpoint of every counter's head into LEDGER_CHECKPOINT_DIR (a no-op unless
+    # it and LEDGER_CHECKPOINT_KEY are set; one file per UTC day, so a second run writes nothing).
+    "ledger-checkpoint": {
+        "task": "ledger.checkpoint",
+        "schedule": crontab(minute=25, hour=3),
+        "options": {"expires": 60 * 60},
+    },
+    # Hourly: the webhook inbox's retention (ignored and, if set, applied events past their days;
+    # unmatched ones over the per-provider bound).
+    "purge-inbox": {
+        "task": "billing.purge_inbox",
+        "schedule": crontab(minute=55),
+        "options": {"expires": 50 * 60},
+    },
     "plan-sync": {
         "task": "quota.plan_sync",
         "schedule": crontab(minute=15, hour=2),

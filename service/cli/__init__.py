@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -15,7 +18,7 @@ from service.config import Settings
 from service.vocabulary import Role
 
 if TYPE_CHECKING:
-    from service.billing.plans import PlanConfig
+    from service.plans import PlanConfig
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -168,8 +171,8 @@ def cmd_reset_month(args: argparse.Namespace) -> int:
 def _job_plans(command: str, settings: Settings) -> PlanConfig:
     """The plan config for a job that writes by it; a broken file refuses the job before it starts
     (exit 2), so that nothing is changed by half a config."""
-    from service.billing.plans import load_plans
     from service.errors import PlanConfigError
+    from service.plans import load_plans
 
     try:
         return load_plans(settings.plans_file)
@@ -205,25 +208,102 @@ def _progress(what: str) -> Callable[[int], None]:
     return report
 
 
+def _checkpoint_key(path: str | None, settings: Settings) -> Path:
+    """--key FILE, else LEDGER_CHECKPOINT_KEY; neither is bad usage (exit 2)."""
+    key = Path(path) if path else settings.ledger_checkpoint_key
+    if key is None:
+        raise SystemExit("quota-ledger ledger: no key: --key FILE or LEDGER_CHECKPOINT_KEY")
+    return key
+
+
 def cmd_ledger_verify(args: argparse.Namespace) -> int:
-    """Walk every counter's hash chain. Exit 0 when every row and head holds, 1 on a finding."""
-    from service.quota.chain import verify
+    """Walk every counter's hash chain, printing every break as it is found; with --checkpoint, also
+    prove the checkpoint and that the ledger still extends it. Exit 0 when all holds, 1 on a finding
+    or a refused checkpoint."""
+    from service.quota import chain
+
+    settings = _settings()
+    pinned = None
+    if args.checkpoint:
+        from service.quota import checkpoint  # cryptography, loaded only for a checkpoint
+
+        if args.since:
+            print(
+                "quota-ledger ledger verify: --checkpoint walks the whole ledger, not --since",
+                file=sys.stderr,
+            )
+            return 2
+        try:
+            if args.public_key:
+                key = checkpoint.load_public_key(Path(args.public_key))
+            else:
+                key = checkpoint.load_private_key(_checkpoint_key(args.key, settings)).public_key()
+            text = Path(args.checkpoint).read_text(encoding="utf-8")
+        except (checkpoint.KeyFileError, OSError) as e:
+            print(f"quota-ledger ledger verify: {e}", file=sys.stderr)
+            return 2
+        try:
+            pinned = checkpoint.read(text, key)
+        except checkpoint.CheckpointRefused as e:
+            print(f"ledger verify: checkpoint {args.checkpoint} refused: {e}")
+            return 1
+        print(
+            f"checkpoint {pinned.created_at} (key {pinned.key_id}): {len(pinned.counters):,} counters, "
+            f"signature and digest OK"
+        )
+
+    def show(finding: chain.Finding) -> None:
+        print(finding.describe(), flush=True)
 
     started = time.monotonic()
-    with _connect(_settings()) as conn:
-        result = verify(
-            conn, account_id=args.account, since=args.since, on_progress=_progress("ledger verify")
-        )
-    for finding in result.findings:
-        print(finding.describe())
+    with _connect(settings) as conn:
+        progress = _progress("ledger verify")
+        if pinned is not None:
+            result = checkpoint.verify_against(  # checkpoint: imported above with --checkpoint
+                conn, pinned, account_id=args.account, on_progress=progress, on_finding=show
+            )
+        else:
+            result = chain.verify(
+                conn, account_id=args.account, since=args.since, on_progress=progress, on_finding=show
+            )
     elapsed = time.monotonic() - started
-    verdict = "OK" if result.ok else f"{len(result.findings)} account(s) with a broken chain"
+    verdict = "OK" if result.ok else f"{result.breaks} break(s) in {result.broken_accounts} account(s)"
+    extends = " (extends the checkpoint)" if pinned is not None and result.ok else ""
     print(
         f"ledger verify: {result.rows:,} rows checked in {result.counters:,} counters of "
         f"{result.accounts:,} accounts, {elapsed:.1f} s ({result.rows / max(elapsed, 1e-9):,.0f} rows/s): "
-        f"{verdict}"
+        f"{verdict}{extends}"
     )
     return 0 if result.ok else 1
+
+
+def cmd_ledger_checkpoint(args: argparse.Namespace) -> int:
+    """Sign the heads of every counter, after a whole verify; exit 1 (nothing written) if it fails."""
+    from service.quota import checkpoint
+
+    settings = _settings()
+    try:
+        key = checkpoint.load_private_key(_checkpoint_key(args.key, settings))
+    except checkpoint.KeyFileError as e:
+        print(f"quota-ledger ledger checkpoint: {e}", file=sys.stderr)
+        return 2
+    report = _progress("ledger checkpoint")
+    try:
+        with _connect(settings) as conn:
+            if args.output:
+                written = checkpoint.write_file(conn, key, Path(args.output), on_progress=report)
+            else:
+                with tempfile.TemporaryFile("w+", encoding="utf-8") as out:  # stdout only once whole
+                    written = checkpoint.write(conn, key, out, on_progress=report)
+                    out.seek(0)
+                    shutil.copyfileobj(out, sys.stdout)
+    except checkpoint.LedgerBroken as e:
+        for finding in e.result.findings:
+            print(finding.describe(), file=sys.stderr)
+        print(f"ledger checkpoint: not signed: the ledger does not verify ({e})", file=sys.stderr)
+        return 1
+    print(written.message, file=sys.stderr)
+    return 0
 
 
 def cmd_ledger_export(args: argparse.Namespace) -> int:
@@ -281,6 +361,50 @@ def cmd_expire_access(args: argparse.Namespace) -> int:
     plans = _job_plans("expire-access", settings)
     with _connect(settings) as conn:
         print(end_expired(conn, plans).message)
+    return 0
+
+
+def cmd_inbox_stats(args: argparse.Namespace) -> int:
+    """What the webhook inbox keeps, per provider and status, and what its retention removed."""
+    from service.billing import inbox
+
+    settings = _settings()
+    with _connect(settings) as conn:
+        kept, removed = inbox.stats(conn)
+    r = inbox.Retention.of(settings)
+    applied = f"{r.applied_days} days" if r.applied_days else "for ever"
+    print(
+        f"retention: applied {applied}, ignored {r.ignored_days} days, failed until replayed, "
+        f"unmatched at most {r.unmatched_limit:,} per provider"
+    )
+    print(f"{'provider':<11} {'status':<10} {'events':>10} {'payload MB':>10}  oldest")
+    for k in kept:
+        print(
+            f"{k.provider:<11} {k.status:<10} {k.events:>10,} {k.payload_bytes / 1e6:>10.1f}  "
+            f"{k.oldest.isoformat(timespec='seconds')}"
+        )
+    for g in removed:
+        print(
+            f"removed: {g.provider} {g.status} ({g.reason}): {g.events:,}, the latest "
+            f"{g.last_at.isoformat(timespec='seconds')} (e.g. {g.last_event_id})"
+        )
+    return 0
+
+
+def cmd_inbox_purge(args: argparse.Namespace) -> int:
+    """Remove what the inbox's retention no longer keeps, the same code as the hourly task."""
+    from datetime import UTC, datetime
+
+    from service import webhooks
+    from service.billing import inbox
+
+    _log_to_stderr(args.verbose)
+    settings = _settings()
+    with _connect(settings) as conn:
+        outcome = inbox.purge(
+            conn, inbox.Retention.of(settings), providers=webhooks.PROVIDERS, at=datetime.now(UTC)
+        )
+    print(outcome.message)
     return 0
 
 
@@ -342,9 +466,9 @@ def build_parser() -> argparse.ArgumentParser:
             raise argparse.ArgumentTypeError(f"{s!r} is not a period YYYY-MM")
         return s
 
-    ledger = sub.add_parser("ledger", help="finance: verify the hash chain, export a period").add_subparsers(
-        dest="ledger_command", required=True
-    )
+    ledger = sub.add_parser(
+        "ledger", help="finance: verify the hash chain, checkpoint it, export a period"
+    ).add_subparsers(dest="ledger_command", required=True)
     verify = ledger.add_parser("verify", help="walk every hash chain; exit 1 if a row or head is broken")
     verify.add_argument("--account", metavar="ID", help="only this account's counters")
     verify.add_argument(
@@ -355,7 +479,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="each counter's chain from its first row with id >= ID (on Citus ids are not in write "
         "order across nodes: README 'The ledger's hash chain')",
     )
+    verify.add_argument(
+        "--checkpoint",
+        metavar="FILE",
+        help="also prove this signed checkpoint and that the ledger still extends it "
+        "(docs/ledger-checkpoints.md)",
+    )
+    verify.add_argument("--public-key", metavar="FILE", help="the checkpoint's Ed25519 public key (PEM)")
+    verify.add_argument("--key", metavar="FILE", help="or its private key (default: LEDGER_CHECKPOINT_KEY)")
     verify.set_defaults(func=cmd_ledger_verify)
+    checkpoint = ledger.add_parser(
+        "checkpoint", help="verify, then sign every counter's head (Ed25519); exit 1 if the ledger is broken"
+    )
+    checkpoint.add_argument(
+        "--key", metavar="FILE", help="Ed25519 private key, PEM (default: LEDGER_CHECKPOINT_KEY)"
+    )
+    checkpoint.add_argument("--output", metavar="FILE", help="default: standard output")
+    checkpoint.set_defaults(func=cmd_ledger_checkpoint)
     exp = ledger.add_parser("export", help="a period's ledger, streamed (the columns of /v1/ledger.csv)")
     exp.add_argument("--period", type=period_arg, required=True, metavar="YYYY-MM")
     exp.add_argument("--format", choices=["csv", "jsonl"], default="csv")
@@ -390,6 +530,16 @@ def build_parser() -> argparse.ArgumentParser:
     expire = sub.add_parser("expire-access", help="end subscriptions whose access ended by time")
     expire.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     expire.set_defaults(func=cmd_expire_access)
+
+    box = sub.add_parser("inbox", help="the webhook inbox's retention").add_subparsers(
+        dest="inbox_command", required=True
+    )
+    box.add_parser("stats", help="what the inbox keeps and what its retention removed").set_defaults(
+        func=cmd_inbox_stats
+    )
+    purge = box.add_parser("purge", help="remove what the retention no longer keeps (as the hourly task)")
+    purge.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    purge.set_defaults(func=cmd_inbox_purge)
     return parser
 
 

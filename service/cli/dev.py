@@ -49,9 +49,9 @@ def cmd_dev(args: argparse.Namespace) -> int:
     """Everything a newcomer needs in one command: databases, schema, plans, keys, the server."""
     from urllib.parse import unquote, urlsplit
 
-    from service.billing.plans import load_plans
     from service.keys import reissue_key
     from service.migrate import migrate
+    from service.plans import load_plans
     from service.roles import as_login, ensure_login_role
     from service.serve import PortInUse, check_bind
 

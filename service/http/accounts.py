@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify
 
-from service.billing import inbox
+from service import webhooks
+from service.billing import delivery
 from service.errors import (
     AccountDeleted,
     CustomerAlreadyLinked,
@@ -24,7 +25,6 @@ from service.http.runtime import runtime
 from service.http.schemas import requests as rq
 from service.http.schemas import responses as rs
 from service.http.validation import account_id, json_body, query_args
-from service.http.webhooks import translator
 from service.quota import accounts, periods, takes, usage
 
 bp = Blueprint("accounts", __name__, url_prefix="/v1")
@@ -50,12 +50,12 @@ def put_account(id: str) -> tuple[Response, int]:
         if created or body.get("stripe_customer_id"):
             # Provider events that arrived before the account (or its customer) was known wait
             # as unmatched; the new link applies them now, so the view below shows their effect.
-            inbox.apply_waiting(
+            delivery.apply_waiting(
                 conn,
                 rt.plans,
                 account_ids=(id,),
                 customer_id=body.get("stripe_customer_id"),
-                translate_for=translator,
+                translate_for=webhooks.translators(rt.settings.webhook_environment),
             )
         view = accounts.get_account(conn, rt.plans, account_id=id)
     return jsonify(rs.ACCOUNT.dump(view)), 201 if created else 200

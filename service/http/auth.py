@@ -9,6 +9,7 @@ from typing import ParamSpec, TypeVar
 
 from flask import g, request
 
+from service.http import metrics
 from service.http.errors import Forbidden, Unauthorized
 from service.http.runtime import runtime
 from service.keys import KeyOwner, hash_key, verify_key
@@ -32,7 +33,9 @@ def authenticate() -> KeyOwner:
     now = time.monotonic()
     hit = _cache.get(digest)
     if hit and hit[1] > now:
+        metrics.KEY_CACHE_HIT.inc()
         return hit[0]
+    metrics.KEY_CACHE_MISS.inc()
     rt = runtime()
     with rt.connection() as conn:
         owner = verify_key(conn, key)

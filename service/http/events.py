@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify
 
-from service.billing import inbox
+from service import webhooks
+from service.billing import delivery, inbox
 from service.errors import UnknownEvent
 from service.http.auth import actor, require
 from service.http.errors import ValidationFailed, refuses
@@ -13,7 +14,6 @@ from service.http.runtime import runtime
 from service.http.schemas import requests as rq
 from service.http.schemas import responses as rs
 from service.http.validation import query_args
-from service.http.webhooks import translator
 
 bp = Blueprint("events", __name__, url_prefix="/v1/admin/events")
 
@@ -54,5 +54,6 @@ def replay_event(inbox_id: str) -> Response:
         raise UnknownEvent(f"no stored webhook event has id {inbox_id!r}")
     rt = runtime()
     with rt.connection() as conn:
-        event = inbox.replay(conn, rt.plans, number, translate_for=translator, actor=actor())
+        translate_for = webhooks.translators(rt.settings.webhook_environment)
+        event = delivery.replay(conn, rt.plans, number, translate_for=translate_for, actor=actor())
     return jsonify(rs.STORED_EVENT.dump(event))

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable
+from contextlib import ExitStack, closing
+from itertools import chain
 
-from flask import Blueprint, Response, jsonify
+import psycopg
+from flask import Blueprint, Response, jsonify, request
 
 from service.http.auth import require
 from service.http.errors import ValidationFailed, refuses
-from service.http.runtime import runtime
+from service.http.runtime import ExportsBusy, runtime
 from service.http.schemas import requests as rq
 from service.http.schemas import responses as rs
 from service.http.validation import query_args
 from service.quota import export, ledger
 
+log = logging.getLogger(__name__)
 bp = Blueprint("finance", __name__, url_prefix="/v1")
 
 
@@ -39,7 +44,7 @@ def get_ledger() -> Response:
 
 @bp.get("/ledger.csv")
 @require("finance")
-@refuses(ValidationFailed)
+@refuses(ValidationFailed, ExportsBusy)
 def get_ledger_csv() -> Response:
     """The period's ledger as a streamed CSV, safe to open in a spreadsheet.
     ---
@@ -52,16 +57,52 @@ def get_ledger_csv() -> Response:
     """
     period = query_args(rq.PERIOD_QUERY)["period"]
     rt = runtime()
+    with ExitStack() as held:
+        conn = held.enter_context(rt.export_connection())
+        rows = held.enter_context(
+            closing(
+                ledger.period_rows(
+                    conn,
+                    period=period,
+                    batch=export.ROWS_PER_CHUNK,  # one fetch per chunk sent: idle at most one send
+                    idle_timeout=rt.settings.export_idle_timeout,
+                )
+            )
+        )
+        # The query runs here, before the response starts: its errors are answered as JSON.
+        first = next(rows, None)
+        body = export.csv_chunks(() if first is None else chain((first,), rows))
+        resp = Response(
+            body,
+            mimetype="text/csv",
+            headers={"Content-Disposition": f'attachment; filename="ledger-{period}.csv"'},
+        )
+        # The server closes the response when it is sent, or when sending it failed.
+        resp.call_on_close(release(held.pop_all()))
+    stall_limit(rt.settings.export_idle_timeout)
+    return resp
 
-    def rows() -> Iterator[str]:
-        with rt.connection() as conn:
-            yield from export.csv_chunks(ledger.period_rows(conn, period=period))
 
-    return Response(
-        rows(),
-        mimetype="text/csv",
-        headers={"Content-Disposition": f'attachment; filename="ledger-{period}.csv"'},
-    )
+def release(held: ExitStack) -> Callable[[], None]:
+    """Give the export's cursor, transaction and connection back. Their closing fails when PostgreSQL
+    ended a stalled export (EXPORT_IDLE_TIMEOUT); the response is over either way."""
+
+    def close() -> None:
+        try:
+            held.close()
+        except psycopg.Error as e:
+            log.warning("export ended: %s", e)
+
+    return close
+
+
+def stall_limit(seconds: float) -> None:
+    """A reader that takes nothing for `seconds` fails the response's next send: the server then closes
+    the connection (and so the export). gunicorn gives the app its socket; its gthread worker puts the
+    socket back to blocking for the connection's next request."""
+    sock = request.environ.get("gunicorn.socket")
+    if sock is not None:
+        sock.settimeout(seconds)
 
 
 @bp.get("/reconciliation")

@@ -82,7 +82,7 @@ SELECT g.account_ids,
 -- version; a counter that a take rolled over meanwhile no longer matches `period < P` on the
 -- re-check and drops out, so usage taken in the new period is never zeroed and no counter is opened
 -- twice (the unique period-open index would refuse it anyway). Rows are locked in key order, as
--- quotas_follow_targets locks them, so the two never deadlock. Each row's chain position is its
+-- quota_set_plan_limits_batch locks them, so the two never deadlock. Each row's chain position is its
 -- counter's chain_seq + 1, set under the row lock (migrations/0015); ledger ids are drawn once per
 -- row (`drawn`) and only need to be unique. A counter that held nothing gets its period advanced
 -- without a ledger row. Soft-deleted accounts are left alone. Every step names the accounts, so

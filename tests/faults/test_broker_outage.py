@@ -12,8 +12,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from service.billing.plans import PlanConfig
 from service.config import Settings
+from service.plans import PlanConfig
 from service.quota import reset
 from tests.conftest import PLANS_FILE, running_app
 from tests.servers import PrivateRedis

@@ -7,9 +7,9 @@ import ast
 from pathlib import Path
 
 HTTP = Path(__file__).resolve().parents[2] / "service" / "http"
-# The webhook-environment policy (`translator`) still sits in the webhooks view; the billing work of
-# issue 20 moves it out of service/http/webhooks.py. Empty this set once it has.
-KNOWN = {("accounts", "webhooks"), ("events", "webhooks")}
+# None left: the webhook-environment policy is billing's (delivery.for_environment), applied by the
+# adapters' registry (service.webhooks.translators).
+KNOWN: set[tuple[str, str]] = set()
 
 
 def _imports(tree: ast.Module) -> set[str]:

@@ -250,7 +250,18 @@ class Readiness(Schema):
     checks = fields.Dict(
         keys=fields.String(),
         values=fields.String(),
-        metadata={"description": "database, broker: ok or why"},
+        metadata={"description": "database (decides), broker and exports (reported only): ok or why"},
+    )
+
+
+class ServiceIndex(Schema):
+    service = fields.String(required=True)
+    version = fields.String(required=True)
+    links = fields.Dict(
+        keys=fields.String(),
+        values=fields.String(),
+        required=True,
+        metadata={"description": "where to go next, by name: openapi, docs, healthz, readyz, metrics"},
     )
 
 
@@ -282,3 +293,4 @@ RECONCILIATION = ReconciliationResponse()
 WEBHOOK_RECEIPT = WebhookReceipt()
 HEALTH = Health()
 READINESS = Readiness()
+SERVICE_INDEX = ServiceIndex()
