@@ -442,9 +442,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--access-log", action="store_true", help="log every request")
     serve.set_defaults(func=cmd_serve)
 
-    from service.cli import dev
+    from service.cli import dev, webhooks
 
     dev.add_parser(sub)
+    webhooks.add_parser(sub)
 
     worker = sub.add_parser("worker", help="run a Celery worker (reset, catch-up, plan sync)")
     worker.add_argument("--concurrency", type=int, default=0, help="processes (default: one per CPU)")

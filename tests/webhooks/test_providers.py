@@ -15,6 +15,7 @@ import pytest
 
 from service.billing import delivery, expiry
 from service.webhooks import stripe as stripe_adapter
+from service.webhooks.samples import SAMPLES
 from tests.conftest import FIXTURES
 from tests.webhooks.helpers import (
     CUSTOMER,
@@ -38,7 +39,8 @@ ANON = "$RCAnonymousID:87c6049c58069238dce29853916d624c"
 
 
 def sample(provider: str, name: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((FIXTURES / provider / "samples" / f"{name}.json").read_text())
+    path = FIXTURES / provider / "samples" / f"{name}.json"
+    data: dict[str, Any] = json.loads((path if path.exists() else SAMPLES / provider / path.name).read_text())
     return data
 
 
