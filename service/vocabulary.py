@@ -70,6 +70,13 @@ class ReleaseReason(StrEnum):
     PERIOD_CLOSED = "period_closed"  # a take of an earlier month, which its reset already cleared
 
 
+class PurgeReason(StrEnum):
+    """Why the inbox's retention removed events (counted in webhook_events_purged)."""
+
+    RETENTION = "retention"  # past INBOX_APPLIED_DAYS / INBOX_IGNORED_DAYS
+    OVER_BOUND = "over_bound"  # unmatched events over INBOX_UNMATCHED_LIMIT
+
+
 class LimitSource(StrEnum):
     """Which rule set a counter's effective limit (the quotas table computes it)."""
 

@@ -27,6 +27,7 @@ from psycopg.rows import class_row, dict_row
 from service.billing.events import Envelope
 from service.db import Connection, Q, transaction
 from service.errors import UnknownEvent
+from service.vocabulary import PurgeReason
 
 if TYPE_CHECKING:
     from service.config import Settings
@@ -222,7 +223,7 @@ def bound_unmatched(conn: Connection, provider: str, *, keep: int) -> int:
         gone = [
             event_id
             for _, event_id in _remove(
-                conn, Q.inbox_over_bound, {"provider": provider, "keep": keep}, reason="over_bound"
+                conn, Q.inbox_over_bound, {"provider": provider, "keep": keep}, reason=PurgeReason.OVER_BOUND
             )
         ]
         if gone:
@@ -250,7 +251,7 @@ def purge(
     }
     ignored = applied = 0
     while True:
-        gone = _remove(conn, Q.inbox_purge, params, reason="retention")
+        gone = _remove(conn, Q.inbox_purge, params, reason=PurgeReason.RETENTION)
         ignored += sum(status == "ignored" for status, _ in gone)
         applied += sum(status == "applied" for status, _ in gone)
         if len(gone) < PURGE_BATCH:  # each part removed less than a batch: nothing is left
@@ -259,7 +260,9 @@ def purge(
     return PurgeOutcome(ignored=ignored, applied=applied, over_bound=over)
 
 
-def _remove(conn: Connection, query: str, params: dict[str, object], *, reason: str) -> list[tuple[str, str]]:
+def _remove(
+    conn: Connection, query: str, params: dict[str, object], *, reason: PurgeReason
+) -> list[tuple[str, str]]:
     """Run one removing statement and count what it removed, in one transaction; the status and
     event id of each."""
     with transaction(conn), conn.cursor(row_factory=dict_row) as cur:
@@ -273,7 +276,7 @@ def _remove(conn: Connection, query: str, params: dict[str, object], *, reason: 
                 {
                     "provider": provider,
                     "status": status,
-                    "reason": reason,
+                    "reason": reason.value,
                     "events": len(ids),
                     "last_event_id": ids[-1],
                 },

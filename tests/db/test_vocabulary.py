@@ -21,6 +21,7 @@ WORD_LISTS: dict[str, type[StrEnum] | frozenset[str]] = {
     "inbox_status": v.InboxStatus,
     "api_keys.role": v.Role,
     "ledger.kind": v.LedgerKind,
+    "webhook_events_purged.reason": v.PurgeReason,
 }
 # Word lists of the database's own, which no code outside SQL names.
 SQL_ONLY = {"job_runs.status"}  # the monthly reset's run bookkeeping (running, done)
