@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from service.config import Settings
+from service.errors import PlanConfigError
 from service.vocabulary import Role
 
 if TYPE_CHECKING:
@@ -184,7 +185,6 @@ def cmd_reset_month(args: argparse.Namespace) -> int:
 def _job_plans(settings: Settings) -> PlanConfig:
     """The plan config for a job that writes by it; a broken file refuses the job before it starts
     (exit 2), so that nothing is changed by half a config."""
-    from service.errors import PlanConfigError
     from service.plans import load_plans
 
     try:
@@ -644,8 +644,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = _command_name(args)
     try:
         return func(args)
-    except UsageError as e:
+    except (UsageError, PlanConfigError) as e:
         print(f"quota-ledger {command}: {e}", file=sys.stderr)
+        return USAGE
+    except OSError as e:
+        if e.filename is None:  # not a file's: a bug or the machine's, with its traceback
+            raise
+        print(f"quota-ledger {command}: {e.filename}: {e.strerror}", file=sys.stderr)
         return USAGE
     except psycopg.Error as e:
         line = _database_error(args.command, e)

@@ -90,3 +90,13 @@ def test_help_and_version() -> None:
     assert "(default: 4)" in serve and "environment: DATABASE_URL" in serve
     reset = " ".join(run("reset-month", "--help").stdout.split())
     assert "(default: 250)" in reset and "(default: 0.05)" in reset
+
+
+def test_a_file_that_cannot_be_opened(db_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "missing" / "x.csv"
+    line = one_line(
+        run("ledger", "export", "--period", "2026-01", "--output", str(out), env={"DATABASE_URL": db_url})
+    )
+    assert line == f"quota-ledger ledger export: {out}: No such file or directory"
+    env = {"DATABASE_URL": db_url, "PLANS_FILE": str(tmp_path / "none.toml"), "QUOTA_DEV_DIR": str(tmp_path)}
+    assert one_line(run("dev", "--bind", "127.0.0.1:0", env=env)).startswith("quota-ledger dev: plan config")
