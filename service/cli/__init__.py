@@ -8,6 +8,7 @@ file, an unknown account, a database that does not exist or answer, a role that 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from service.cli.progress import JobLog, Progress
 from service.config import Settings
 from service.errors import PlanConfigError
 from service.vocabulary import Role
@@ -165,7 +167,9 @@ def cmd_reset_month(args: argparse.Namespace) -> int:
     from service.quota.reset import reset_month
 
     _log_to_stderr(args.verbose)
-    with _connect(_settings()) as conn:
+    progress = Progress("reset-month", unit="counters", allowed=not args.verbose)
+    bridged = JobLog(progress).attached("service.quota.reset") if progress.on else contextlib.nullcontext()
+    with _connect(_settings()) as conn, progress, bridged:
         try:
             outcome = reset_month(
                 conn,
@@ -210,14 +214,14 @@ def cmd_sync_plans(args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress(what: str) -> Callable[[int], None]:
-    started = time.monotonic()
+EXPORT_PROGRESS_EVERY = 1000  # rows between the export's progress updates (each redraw is throttled)
 
-    def report(rows: int) -> None:
-        elapsed = time.monotonic() - started
-        print(f"{what}: {rows:,} rows, {rows / max(elapsed, 1e-9):,.0f} rows/s", file=sys.stderr, flush=True)
 
-    return report
+def _ledger_rows_estimate(conn: psycopg.Connection[Any]) -> int | None:
+    """The planner's row count of the ledger, for a progress ETA without counting (None: unknown,
+    as on a Citus coordinator, whose table holds no rows itself)."""
+    row = conn.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = 'ledger'::regclass").fetchone()
+    return row[0] if row and row[0] > 0 else None
 
 
 def _checkpoint_key(path: str | None, settings: Settings) -> Path:
@@ -269,19 +273,22 @@ def cmd_ledger_verify(args: argparse.Namespace) -> int:
             f"signature and digest OK"
         )
 
-    def show(finding: chain.Finding) -> None:
-        print(finding.describe(), flush=True)
-
     started = time.monotonic()
-    with _connect(settings) as conn:
-        progress = _progress("ledger verify")
+    with _connect(settings) as conn, Progress("ledger verify") as progress:
+        if not args.account and not args.since:
+            progress.total = _ledger_rows_estimate(conn)
+
+        def show(finding: chain.Finding) -> None:
+            progress.clear()
+            print(finding.describe(), flush=True)
+
         if pinned is not None:
             result = checkpoint.verify_against(  # checkpoint: imported above with --checkpoint
-                conn, pinned, account_id=args.account, on_progress=progress, on_finding=show
+                conn, pinned, account_id=args.account, on_progress=progress.update, on_finding=show
             )
         else:
             result = chain.verify(
-                conn, account_id=args.account, since=args.since, on_progress=progress, on_finding=show
+                conn, account_id=args.account, since=args.since, on_progress=progress.update, on_finding=show
             )
         if args.account and not result.rows and not _account_exists(conn, args.account):
             raise UsageError(f"no account {args.account!r}: it has no account row and no ledger rows")
@@ -306,9 +313,10 @@ def cmd_ledger_checkpoint(args: argparse.Namespace) -> int:
     except checkpoint.KeyFileError as e:
         print(f"quota-ledger ledger checkpoint: {e}", file=sys.stderr)
         return 2
-    report = _progress("ledger checkpoint")
     try:
-        with _connect(settings) as conn:
+        with _connect(settings) as conn, Progress("ledger checkpoint") as progress:
+            progress.total = _ledger_rows_estimate(conn)
+            report = progress.update
             if args.output:
                 written = checkpoint.write_file(conn, key, Path(args.output), on_progress=report)
             else:
@@ -334,12 +342,12 @@ def cmd_ledger_export(args: argparse.Namespace) -> int:
 
     def counted(entries: Iterator[ledger.LedgerEntry]) -> Iterator[ledger.LedgerEntry]:
         nonlocal rows
-        report = _progress("ledger export")
-        for e in entries:
-            rows += 1
-            if rows % 100_000 == 0:
-                report(rows)
-            yield e
+        with Progress("ledger export", allowed=bool(args.output) or not sys.stdout.isatty()) as progress:
+            for e in entries:
+                rows += 1
+                if rows % EXPORT_PROGRESS_EVERY == 0:
+                    progress.update(rows)
+                yield e
 
     out = open(args.output, "w", newline="", encoding="utf-8") if args.output else sys.stdout  # noqa: SIM115
     try:
