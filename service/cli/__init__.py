@@ -70,8 +70,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     try:
         applied = migrate(settings.database_url)
     except NoMigrations as e:
-        print(f"quota-ledger migrate: {e}; the install is broken, nothing was done", file=sys.stderr)
-        return 1
+        raise UsageError(f"{e}; the install is broken, nothing was done") from None
     print(f"applied: {', '.join(applied)}" if applied else "database is up to date")
     if args.login_role:
         ensure_login_role(settings.database_url, args.login_role, os.environ.get("LOGIN_ROLE_PASSWORD"))
@@ -125,8 +124,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         serve(bind=args.bind, workers=args.workers, threads=args.threads, access_log=args.access_log)
     except PortInUse as e:
-        print(f"quota-ledger serve: {e}", file=sys.stderr)
-        return 1
+        raise UsageError(str(e)) from None
     return 0
 
 

@@ -58,8 +58,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     try:
         check_bind(args.bind)  # before anything starts, so that the answer is this one line
     except PortInUse as e:
-        print(f"quota-ledger dev: {e}", file=sys.stderr)
-        return 1
+        raise UsageError(str(e)) from None
     env = dict(os.environ)
     # Local development applies both provider environments' events unless told otherwise.
     env["WEBHOOK_ENVIRONMENT"] = env.get("WEBHOOK_ENVIRONMENT") or "any"
