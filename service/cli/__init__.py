@@ -433,8 +433,19 @@ def cmd_inbox_purge(args: argparse.Namespace) -> int:
     return 0
 
 
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Shows an option's default, unless it has none (None, or off for a flag)."""
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows an option's default, unless it has none (None, or off for a flag); fills each paragraph
+    of a description or epilog on its own and keeps an indented table as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        paragraphs = []
+        for para in text.strip().split("\n\n"):
+            lines = para.splitlines()
+            if any(line.startswith(" ") for line in lines[1:]):
+                paragraphs.append("\n".join(indent + line for line in lines))
+            else:
+                paragraphs.append(super()._fill_text(para, width, indent))
+        return "\n\n".join(paragraphs)
 
     def _get_help_string(self, action: argparse.Action) -> str:
         if action.default is None or action.default is False or action.default is argparse.SUPPRESS:
@@ -443,7 +454,8 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescription
 
 
 _DB = "DATABASE_URL"
-# The environment each command reads, shown in its --help (the settings: docs/operations.md).
+# The environment each command reads, shown in its --help (the settings: docs/operations.md); a
+# subcommand not named has its command's.
 ENVIRONMENT: dict[str, tuple[str, ...]] = {
     "migrate": (_DB, "LOGIN_ROLE_PASSWORD"),
     "keys": (_DB,),
@@ -452,7 +464,9 @@ ENVIRONMENT: dict[str, tuple[str, ...]] = {
     "webhooks": ("STRIPE_WEBHOOK_SECRETS", "REVENUECAT_WEBHOOK_AUTH"),
     "worker": (_DB, "REDIS_URL", "PLANS_FILE"),
     "beat": ("REDIS_URL",),
-    "ledger": (_DB, "LEDGER_CHECKPOINT_KEY (checkpoints)"),
+    "ledger": (_DB,),
+    "ledger verify": (_DB, "LEDGER_CHECKPOINT_KEY (--checkpoint without a key option)"),
+    "ledger checkpoint": (_DB, "LEDGER_CHECKPOINT_KEY (without --key)"),
     "reconcile": (_DB,),
     "reset-month": (_DB, "PLANS_FILE"),
     "sync-plans": (_DB, "PLANS_FILE"),
@@ -472,10 +486,11 @@ def _finish(parser: argparse.ArgumentParser, environment: dict[str, tuple[str, .
             line = helps.get(name)
             if child.description is None and line:
                 child.description = f"{line[0].upper()}{line[1:]}."
-            needs = environment.get(top or name)
+            path = f"{top} {name}" if top else name
+            needs = environment.get(path) or environment.get(top or name)
             if needs and child.epilog is None:
                 child.epilog = "environment: " + ", ".join(needs)
-            _finish(child, environment, top or name)
+            _finish(child, environment, path)
 
 
 def build_parser() -> argparse.ArgumentParser:

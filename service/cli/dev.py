@@ -41,7 +41,9 @@ BEAT_STARTED = (
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dev = sub.add_parser("dev", help="run everything locally, with embedded Postgres/Redis if needed")
-    dev.add_argument("--bind", default="127.0.0.1:8000", metavar="HOST:PORT")
+    dev.add_argument(
+        "--bind", default="127.0.0.1:8000", metavar="HOST:PORT", help="where the web server listens"
+    )
     dev.set_defaults(func=cmd_dev)
 
 

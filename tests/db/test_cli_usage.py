@@ -100,3 +100,27 @@ def test_a_file_that_cannot_be_opened(db_url: str, tmp_path: Path) -> None:
     assert line == f"quota-ledger ledger export: {out}: No such file or directory"
     env = {"DATABASE_URL": db_url, "PLANS_FILE": str(tmp_path / "none.toml"), "QUOTA_DEV_DIR": str(tmp_path)}
     assert one_line(run("dev", "--bind", "127.0.0.1:0", env=env)).startswith("quota-ledger dev: plan config")
+
+
+def test_every_command_is_described_with_its_defaults_and_environment() -> None:
+    import argparse
+
+    from service.cli import build_parser
+
+    def leaves(parser: argparse.ArgumentParser, path: str) -> list[tuple[str, argparse.ArgumentParser]]:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            return [(path, parser)]
+        return [leaf for name, child in subs[0].choices.items() for leaf in leaves(child, f"{path} {name}")]
+
+    commands = leaves(build_parser(), "quota-ledger")
+    assert len(commands) > 15
+    for path, parser in commands:
+        text = parser.format_help()
+        assert parser.description, path
+        assert parser.epilog and ("environment:" in text or "events:" in text), path
+        for action in parser._actions:
+            if action.option_strings and all(
+                action.default is not v for v in (None, False, argparse.SUPPRESS)
+            ):
+                assert action.help, (path, action.dest)  # so that its default is shown
