@@ -321,6 +321,7 @@ def cmd_ledger_checkpoint(args: argparse.Namespace) -> int:
                 with tempfile.TemporaryFile("w+", encoding="utf-8") as out:  # stdout only once whole
                     written = checkpoint.write(conn, key, out, on_progress=report)
                     out.seek(0)
+                    progress.clear()  # the checkpoint may go to the same terminal
                     shutil.copyfileobj(out, sys.stdout)
     except checkpoint.LedgerBroken as e:
         for finding in e.result.findings:

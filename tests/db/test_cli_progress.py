@@ -33,20 +33,24 @@ def run(db_url: str, *args: str, tty: bool) -> tuple[subprocess.CompletedProcess
         done = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=follower, timeout=120)
         os.close(follower)
         follower = -1
-        seen = b""
-        while True:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:  # EIO: the terminal's other end is closed and drained
-                break
-            if not chunk:
-                break
-            seen += chunk
+        seen = _drain(leader)
     finally:
-        os.close(leader)
         if follower != -1:
             os.close(follower)
     return done, seen.decode()
+
+
+def _drain(leader: int) -> bytes:
+    """All a pseudo-terminal's other (closed) end wrote; closes `leader`."""
+    seen = b""
+    try:
+        while chunk := os.read(leader, 65536):
+            seen += chunk
+    except OSError:  # EIO: the other end is closed and all is read
+        pass
+    finally:
+        os.close(leader)
+    return seen
 
 
 def test_verify_and_export_show_progress_on_a_terminal_only(conn: Any, db_url: str, plans: Any) -> None:
@@ -76,8 +80,7 @@ def test_the_reset_progress_line_follows_its_log() -> None:
             log.info("monthly reset %s: %d counters reset so far", "2026-01", 25)
             log.warning("monthly reset %s: batch rolled back (%s); retrying", "2026-01", "Deadlock")
         term.flush()
-    seen = os.read(leader, 65536).decode()
-    os.close(leader)
+    seen = _drain(leader).decode()
     assert "reset-month: 25 counters" in seen and "25% of ~100, ETA" in seen, seen
     assert "WARNING service.quota.reset: monthly reset 2026-01: batch rolled back" in seen, seen
     assert not logging.getLogger("service.quota.reset").handlers  # detached after the block
