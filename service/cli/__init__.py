@@ -62,13 +62,26 @@ def _cli_actor() -> str:
         return f"cli:uid-{os.getuid()}"
 
 
+def _migrate_url(settings: Settings) -> str:
+    """DATABASE_URL with the CLI's connect timeout unless it names one: the migrations connect on
+    their own (yoyo), and without it a server that accepts but never answers hangs `migrate`."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    from service.db import CONNECT_TIMEOUT
+
+    url = settings.database_url
+    if "://" not in url or "connect_timeout" in conninfo_to_dict(url):
+        return url
+    return f"{url}{'&' if '?' in url else '?'}connect_timeout={CONNECT_TIMEOUT}"
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     from service.migrate import NoMigrations, migrate
     from service.roles import ensure_login_role
 
     settings = _settings()
     try:
-        applied = migrate(settings.database_url)
+        applied = migrate(_migrate_url(settings))
     except NoMigrations as e:
         raise UsageError(f"{e}; the install is broken, nothing was done") from None
     print(f"applied: {', '.join(applied)}" if applied else "database is up to date")

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from service.cli import UsageError, _connect, _settings
+from service.cli import UsageError, _connect, _migrate_url, _settings
 from service.config import Settings
 from service.webhooks.samples import STRIPE_ACTIVATES as ACTIVATING_EVENT
 
@@ -70,7 +70,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     os.environ.update(env)
     settings = _settings()
     load_plans(settings.plans_file)  # refuse to start on a broken plan config
-    migrate(settings.database_url)
+    migrate(_migrate_url(settings))
     # The same password as the owner's, if it has one: nothing new to keep, and concurrent `dev`
     # runs on one server do not change it under each other.
     password = unquote(urlsplit(settings.database_url).password or "") or None

@@ -5,8 +5,10 @@ account refused by `ledger verify`, and --help/--version that say something."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import time
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -58,6 +60,17 @@ def test_a_database_that_does_not_exist(pg_url: str, tmp_path: Path) -> None:
 def test_a_database_that_does_not_answer() -> None:
     line = one_line(run("migrate", env={"DATABASE_URL": "postgresql://postgres@127.0.0.1:1/postgres"}))
     assert line.startswith("quota-ledger migrate: connection to server at") and "DATABASE_URL right?" in line
+
+
+def test_a_server_that_never_answers() -> None:
+    with socket.socket() as silent:  # accepts connections (the backlog) and says nothing
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"postgresql://postgres@127.0.0.1:{silent.getsockname()[1]}/postgres"
+        started = time.monotonic()
+        line = one_line(run("migrate", env={"DATABASE_URL": url}))
+    assert time.monotonic() - started < 30
+    assert "timeout expired" in line and "DATABASE_URL right?" in line
 
 
 def test_migrate_as_the_service_role(app_db_url: str) -> None:
