@@ -1,0 +1,36 @@
+-- depends: 0015.chain_seq
+-- Only the service's own operations write history (docs/design/ledger-writers.md).
+--
+-- Until now the service's role (quota_app) could INSERT into the ledger and the audit log and UPDATE
+-- every column of quotas, so whoever held its credentials could append a fully chained row of their
+-- own making (backdated into a closed month, naming an admin key) and move the counter's head to it,
+-- and verify, reconciliation and usage would all agree with it; it could also add an API key of any
+-- role. Now the ledger, the chain heads (quotas' used, period and chain_*) and the audit log change
+-- only through the SECURITY DEFINER writers of migrations/repeatable/ledger_writers.sql (and
+-- take_delegated), owned by the owner; api_keys only as the owner (`quota-ledger keys`, run as
+-- `migrate` is). The role keeps what the service does directly: reading everything, creating
+-- counter rows, and setting their limits, overrides and deletion flag.
+--
+-- And the ledger's own columns are held to their rules (issue: a row with account_id '' was never
+-- walked by verify): account_id follows the account-id rule (the account_key domain of 0005, one
+-- definition), hash and prev_hash are SHA-256 digests, and prev_hash is NULL exactly at a chain's
+-- first row. Added NOT VALID, then validated, as in 0005: nothing is rewritten, the existing rows are
+-- read once. This migration is one transaction, so the ADD's ACCESS EXCLUSIVE lock is held through
+-- that read and takes wait for it (a sequential scan of the ledger; run it in a quiet hour on a big
+-- ledger, README "Deploying"). It gives up after 10 s of waiting for the lock rather than queue every
+-- take behind a long export; run it again.
+SET LOCAL lock_timeout = '10s';
+
+REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON ledger, audit_log, api_keys FROM quota_app;
+REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON quotas FROM quota_app;
+GRANT INSERT (account_id, metric, plan_limit, free_limit, lapsed, account_deleted, period) ON quotas TO quota_app;
+GRANT UPDATE (plan_limit, free_limit, override_set, override_limit, lapsed, account_deleted) ON quotas TO quota_app;
+
+ALTER TABLE ledger
+    ADD CONSTRAINT ledger_account_id_check CHECK (account_id::account_key IS NOT NULL) NOT VALID,
+    ADD CONSTRAINT ledger_hash_check CHECK (octet_length(hash) = 32) NOT VALID,
+    ADD CONSTRAINT ledger_prev_hash_check
+        CHECK (octet_length(prev_hash) = 32 AND seq > 1 OR prev_hash IS NULL AND seq = 1) NOT VALID;
+ALTER TABLE ledger VALIDATE CONSTRAINT ledger_account_id_check;
+ALTER TABLE ledger VALIDATE CONSTRAINT ledger_hash_check;
+ALTER TABLE ledger VALIDATE CONSTRAINT ledger_prev_hash_check;
