@@ -38,6 +38,7 @@ sys.path.insert(0, str(HERE.parent))
 
 import psycopg  # noqa: E402
 from common import server_urls, with_database  # noqa: E402
+from server_cpu import postmaster_pid, server_cpu  # noqa: E402
 from take_bench import (  # noqa: E402
     ACCOUNTS,
     METRIC,
@@ -52,6 +53,11 @@ from service.db import Q  # noqa: E402
 from service.quota import periods  # noqa: E402
 
 CANDIDATES = HERE / "take_fn_candidates.sql"
+BEFORE = HERE / "take_before.sql"
+# A side named `<side>@unchecked` runs in a copy of --db without the ledger's CHECK constraints of
+# migrations/0016: `before@unchecked` is the take as it was before 0016, schema included.
+UNCHECKED = "@unchecked"
+CHECKS_0016 = ("ledger_account_id_check", "ledger_hash_check", "ledger_prev_hash_check")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -62,16 +68,20 @@ def backend_cpu(pid: int) -> float:
 
 
 def statement(side: str) -> str:
+    side = side.removesuffix(UNCHECKED)
     if side == "statement":
         return Q.take
+    if side == "before":
+        return BEFORE.read_text()
     return (
         f"SELECT * FROM {side}(%(account_id)s, %(metric)s, %(units)s, %(period)s, "
         "%(idempotency_key)s, %(actor)s)"
     )
 
 
-def run_side(url: str, side: str, takes: int, seed: int) -> float:
-    """CPU seconds per take of the server process that ran `takes` takes of `side`."""
+def run_side(url: str, side: str, takes: int, seed: int, nodes: list[int] | None = None) -> float:
+    """CPU seconds per take of the server process that ran `takes` takes of `side`; with `nodes`
+    (postmaster pids, --citus), of those whole servers instead (bench/server_cpu.py)."""
     rnd = random.Random(seed)
     sql = statement(side)
     params = {
@@ -85,12 +95,29 @@ def run_side(url: str, side: str, takes: int, seed: int) -> float:
         pid = conn.info.backend_pid
         for _ in range(50):  # prepared and planned before the clock starts
             conn.execute(sql, {**params, "account_id": account_name(rnd.randint(1, ACCOUNTS))}).fetchone()
-        cpu0 = backend_cpu(pid)
+
+        def spent() -> float:
+            return sum(server_cpu(p) for p in nodes) if nodes else backend_cpu(pid)
+
+        cpu0 = spent()
         for _ in range(takes):
             account = account_name(rnd.randint(1, ACCOUNTS))
             row = conn.execute(sql, {**params, "account_id": account}).fetchone()
             assert row is not None and row[0] is not None, row
-        return (backend_cpu(pid) - cpu0) / takes
+        return (spent() - cpu0) / takes
+
+
+def unchecked_copy(pg: str, db: str) -> str:
+    """A copy of `db` without 0016's CHECK constraints on the ledger; returns its URL."""
+    name = db + UNCHECKED.replace("@", "_")
+    with psycopg.connect(pg, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{db}"')
+    url = with_database(pg, name)
+    with psycopg.connect(url, autocommit=True) as conn:
+        for check in CHECKS_0016:
+            conn.execute(f"ALTER TABLE ledger DROP CONSTRAINT {check}")
+    return url
 
 
 def pgbench_script(tmp: Path, side: str, first: int, last: int) -> Path:
@@ -167,6 +194,24 @@ def throughput(plain: str, sides: list[str], reps: int, seconds: float) -> None:
         citus.destroy(cluster)
 
 
+def on_citus(sides: list[str], reps: int, takes: int) -> int:
+    """CPU per take as --sides alternate on a local Citus cluster (tests/citus/cluster.py), summed over
+    its coordinator and workers: the delegated take runs on the account's worker."""
+    from tests.citus import cluster as citus
+
+    reason = citus.unavailable_reason()
+    if reason:
+        raise SystemExit(f"no local Citus cluster here: {reason}")
+    cluster = citus.start()
+    try:
+        sharded = seed_service_database(cluster.create_database("bench_fn_ab"))
+        distribute_candidates(sharded, sides)
+        nodes = [postmaster_pid(cluster.node_url(port)) for port in cluster.ports]
+        return cpu_per_take({s: sharded for s in sides}, sides, reps, takes, nodes)
+    finally:
+        citus.destroy(cluster)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--db", default="bench_fn_ab", help="scratch database (%(default)s)")
@@ -176,21 +221,38 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-setup", action="store_true", help="reuse --db as it is")
     ap.add_argument("--cluster", action="store_true", help="throughput on one PostgreSQL and on Citus")
     ap.add_argument("--seconds", type=float, default=6, help="per pgbench run, with --cluster")
+    ap.add_argument(
+        "--citus", action="store_true", help="CPU per take of every node of a local Citus cluster"
+    )
     args = ap.parse_args(argv)
+    sides = args.sides.split(",")
+    if args.citus:
+        return on_citus(sides, args.reps, args.takes)
     pg, _ = server_urls(ap)
     url = with_database(pg, args.db) if args.no_setup else service_database(pg, args.db)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(CANDIDATES.read_text())  # a trusted file of ours, with no parameters
-    sides = args.sides.split(",")
+    urls = {s: url for s in sides}
+    if any(s.endswith(UNCHECKED) for s in sides):
+        unchecked = with_database(pg, args.db + UNCHECKED.replace("@", "_"))
+        if not args.no_setup:
+            unchecked = unchecked_copy(pg, args.db)
+        urls.update({s: unchecked for s in sides if s.endswith(UNCHECKED)})
     if args.cluster:
         throughput(url, sides, args.reps, args.seconds)
         return 0
+    return cpu_per_take(urls, sides, args.reps, args.takes)
+
+
+def cpu_per_take(
+    urls: dict[str, str], sides: list[str], reps: int, takes: int, nodes: list[int] | None = None
+) -> int:
     load0 = os.getloadavg()
     cpu: dict[str, list[float]] = {s: [] for s in sides}
     ratios: dict[str, list[float]] = {s: [] for s in sides[1:]}
-    for rep in range(args.reps):
+    for rep in range(reps):
         order = sides[rep % len(sides) :] + sides[: rep % len(sides)]
-        got = {side: run_side(url, side, args.takes, seed=rep) for side in order}
+        got = {side: run_side(urls[side], side, takes, seed=rep, nodes=nodes) for side in order}
         for side in sides:
             cpu[side].append(got[side])
         for side in sides[1:]:
@@ -201,8 +263,8 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     print(
-        f"\nserver CPU per take, median of {args.reps} (load average {load0[0]:.1f} at start, "
-        f"{os.getloadavg()[0]:.1f} at end):"
+        f"\n{'servers' if nodes else 'server'} CPU per take, median of {reps} "
+        f"(load average {load0[0]:.1f} at start, {os.getloadavg()[0]:.1f} at end):"
     )
     for side in sides:
         line = f"  {side}: {statistics.median(cpu[side]) * 1e6:.0f} us"

@@ -30,7 +30,11 @@ ALTER TABLE ledger
     ADD CONSTRAINT ledger_account_id_check CHECK (account_id::account_key IS NOT NULL) NOT VALID,
     ADD CONSTRAINT ledger_hash_check CHECK (octet_length(hash) = 32) NOT VALID,
     ADD CONSTRAINT ledger_prev_hash_check
-        CHECK (octet_length(prev_hash) = 32 AND seq > 1 OR prev_hash IS NULL AND seq = 1) NOT VALID;
+        CHECK ((prev_hash IS NULL) = (seq = 1) AND coalesce(octet_length(prev_hash), 32) = 32) NOT VALID;
 ALTER TABLE ledger VALIDATE CONSTRAINT ledger_account_id_check;
 ALTER TABLE ledger VALIDATE CONSTRAINT ledger_hash_check;
 ALTER TABLE ledger VALIDATE CONSTRAINT ledger_prev_hash_check;
+
+-- The one definer function before these (0010) kept the search_path of its creation, in which a
+-- caller's temporary tables come first: pg_temp last, as every writer has it.
+ALTER FUNCTION analyze_after_bulk_write() SET search_path = pg_catalog, public, pg_temp;
