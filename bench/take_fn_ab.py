@@ -7,12 +7,20 @@ take, side by side, alternating, in the same run, on the same PostgreSQL.
 
 Sets up the scratch database `--db` on the server named by DATABASE_URL (our migrations, 100,000
 accounts, as bench/take_bench.py does) and creates the candidate functions there. Each repetition
-runs every side in turn (the order rotates per repetition): `--takes` takes, each on a random
-account, from one connection with prepared statements, and reads that connection's server process
-CPU time (/proc/<pid>/stat, so the server must run on this machine) before and after. CPU time,
-not throughput: on a shared machine a side's wall time moves with everyone else's load, its own
-CPU per take much less. Prints every run, then per side the median CPU per take and the median
-of the per-repetition ratios to the first side, and the load average at the start and the end.
+runs `--takes` takes of every side, each on a random account, from one connection per side with
+prepared statements, the sides taking turns of `--chunk` takes (the order rotating), and reads each
+connection's server process CPU time (/proc/<pid>/stat, so the server must run on this machine)
+before and after. CPU time, not throughput: on a shared machine a side's wall time moves with
+everyone else's load, its own CPU per take much less, and the turns spread what load does to it
+over every side. Prints every run, then per side the median CPU per take and the median of the
+per-repetition ratios to the first side, and the load average at the start and the end.
+
+Sides: `statement` (the service's take, service/quota/takes.sql), `before` (the take statement as
+it was before the writers became functions, bench/take_before.sql), any function of the
+candidates file or the service by name; `<side>@unchecked` runs in a copy of --db without the
+ledger CHECK constraints of migrations/0016.
+
+--citus: the same turns on a local Citus cluster, CPU summed over its coordinator and workers.
 
 --cluster: throughput instead, `pgbench -M prepared -c 8 -j 2` per side, on `--db` and on the same
 database on a local Citus cluster (tests/citus/cluster.py, started in a temporary folder and
@@ -79,11 +87,14 @@ def statement(side: str) -> str:
     )
 
 
-def run_side(url: str, side: str, takes: int, seed: int, nodes: list[int] | None = None) -> float:
-    """CPU seconds per take of the server process that ran `takes` takes of `side`; with `nodes`
-    (postmaster pids, --citus), of those whole servers instead (bench/server_cpu.py)."""
+def run_sides(
+    urls: dict[str, str], sides: list[str], takes: int, seed: int, chunk: int, nodes: list[int] | None = None
+) -> dict[str, float]:
+    """CPU seconds per take of each side's server process after `takes` takes of every side, taken in
+    turns of `chunk` takes (so that the machine's load, which moves, falls on every side alike), each
+    side from its own connection; with `nodes` (postmaster pids, --citus), of those whole servers
+    during the side's turns instead (bench/server_cpu.py)."""
     rnd = random.Random(seed)
-    sql = statement(side)
     params = {
         "metric": METRIC,
         "units": 1,
@@ -91,20 +102,36 @@ def run_side(url: str, side: str, takes: int, seed: int, nodes: list[int] | None
         "idempotency_key": None,
         "actor": "bench",
     }
-    with psycopg.connect(url, autocommit=True, prepare_threshold=0) as conn:
-        pid = conn.info.backend_pid
-        for _ in range(50):  # prepared and planned before the clock starts
-            conn.execute(sql, {**params, "account_id": account_name(rnd.randint(1, ACCOUNTS))}).fetchone()
+    conns = {s: psycopg.connect(urls[s], autocommit=True, prepare_threshold=0) for s in sides}
+    try:
+        pids = {s: c.info.backend_pid for s, c in conns.items()}
 
-        def spent() -> float:
-            return sum(server_cpu(p) for p in nodes) if nodes else backend_cpu(pid)
+        def spent(side: str) -> float:
+            return sum(server_cpu(p) for p in nodes) if nodes else backend_cpu(pids[side])
 
-        cpu0 = spent()
-        for _ in range(takes):
-            account = account_name(rnd.randint(1, ACCOUNTS))
-            row = conn.execute(sql, {**params, "account_id": account}).fetchone()
-            assert row is not None and row[0] is not None, row
-        return (spent() - cpu0) / takes
+        def turn(side: str, n: int) -> None:
+            sql = statement(side)
+            for _ in range(n):
+                account = account_name(rnd.randint(1, ACCOUNTS))
+                row = conns[side].execute(sql, {**params, "account_id": account}).fetchone()
+                assert row is not None and row[0] is not None, row
+
+        for side in sides:
+            turn(side, 50)  # prepared and planned before the clock starts
+        cpu = dict.fromkeys(sides, 0.0)
+        start = {s: spent(s) for s in sides}
+        for r in range(max(takes // chunk, 1)):
+            for side in sides[r % len(sides) :] + sides[: r % len(sides)]:
+                before = spent(side) if nodes else 0.0
+                turn(side, chunk)
+                if nodes:
+                    cpu[side] += spent(side) - before
+        if not nodes:  # each backend idles while the others take: its whole time is its turns'
+            cpu = {s: spent(s) - start[s] for s in sides}
+        return {s: cpu[s] / (max(takes // chunk, 1) * chunk) for s in sides}
+    finally:
+        for c in conns.values():
+            c.close()
 
 
 def unchecked_copy(pg: str, db: str) -> str:
@@ -194,7 +221,7 @@ def throughput(plain: str, sides: list[str], reps: int, seconds: float) -> None:
         citus.destroy(cluster)
 
 
-def on_citus(sides: list[str], reps: int, takes: int) -> int:
+def on_citus(sides: list[str], reps: int, takes: int, chunk: int) -> int:
     """CPU per take as --sides alternate on a local Citus cluster (tests/citus/cluster.py), summed over
     its coordinator and workers: the delegated take runs on the account's worker."""
     from tests.citus import cluster as citus
@@ -207,7 +234,7 @@ def on_citus(sides: list[str], reps: int, takes: int) -> int:
         sharded = seed_service_database(cluster.create_database("bench_fn_ab"))
         distribute_candidates(sharded, sides)
         nodes = [postmaster_pid(cluster.node_url(port)) for port in cluster.ports]
-        return cpu_per_take({s: sharded for s in sides}, sides, reps, takes, nodes)
+        return cpu_per_take({s: sharded for s in sides}, sides, reps, takes, chunk, nodes)
     finally:
         citus.destroy(cluster)
 
@@ -217,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--db", default="bench_fn_ab", help="scratch database (%(default)s)")
     ap.add_argument("--reps", type=int, default=8)
     ap.add_argument("--takes", type=int, default=5000, help="takes per side per repetition")
+    ap.add_argument("--chunk", type=int, default=100, help="takes per turn: the sides take turns")
     ap.add_argument("--sides", default="statement,take_delegated,take_fn_cte", help="the first is the base")
     ap.add_argument("--no-setup", action="store_true", help="reuse --db as it is")
     ap.add_argument("--cluster", action="store_true", help="throughput on one PostgreSQL and on Citus")
@@ -227,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sides = args.sides.split(",")
     if args.citus:
-        return on_citus(sides, args.reps, args.takes)
+        return on_citus(sides, args.reps, args.takes, args.chunk)
     pg, _ = server_urls(ap)
     url = with_database(pg, args.db) if args.no_setup else service_database(pg, args.db)
     with psycopg.connect(url, autocommit=True) as conn:
@@ -241,18 +269,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.cluster:
         throughput(url, sides, args.reps, args.seconds)
         return 0
-    return cpu_per_take(urls, sides, args.reps, args.takes)
+    return cpu_per_take(urls, sides, args.reps, args.takes, args.chunk)
 
 
 def cpu_per_take(
-    urls: dict[str, str], sides: list[str], reps: int, takes: int, nodes: list[int] | None = None
+    urls: dict[str, str], sides: list[str], reps: int, takes: int, chunk: int, nodes: list[int] | None = None
 ) -> int:
     load0 = os.getloadavg()
     cpu: dict[str, list[float]] = {s: [] for s in sides}
     ratios: dict[str, list[float]] = {s: [] for s in sides[1:]}
     for rep in range(reps):
-        order = sides[rep % len(sides) :] + sides[: rep % len(sides)]
-        got = {side: run_side(urls[side], side, takes, seed=rep, nodes=nodes) for side in order}
+        got = run_sides(urls, sides, takes, seed=rep, chunk=chunk, nodes=nodes)
         for side in sides:
             cpu[side].append(got[side])
         for side in sides[1:]:

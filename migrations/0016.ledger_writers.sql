@@ -20,17 +20,26 @@
 -- ledger, README "Deploying"). It gives up after 10 s of waiting for the lock rather than queue every
 -- take behind a long export; run it again.
 SET LOCAL lock_timeout = '10s';
+-- On Citus: one connection per worker for the whole migration (the DDL on the distributed ledger and
+-- the function change below must share it).
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_extension WHERE extname = 'citus') THEN
+        PERFORM set_config('citus.multi_shard_modify_mode', 'sequential', true);
+    END IF;
+END
+$$;
 
 REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON ledger, audit_log, api_keys FROM quota_app;
 REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON quotas FROM quota_app;
 GRANT INSERT (account_id, metric, plan_limit, free_limit, lapsed, account_deleted, period) ON quotas TO quota_app;
 GRANT UPDATE (plan_limit, free_limit, override_set, override_limit, lapsed, account_deleted) ON quotas TO quota_app;
 
-ALTER TABLE ledger
-    ADD CONSTRAINT ledger_account_id_check CHECK (account_id::account_key IS NOT NULL) NOT VALID,
-    ADD CONSTRAINT ledger_hash_check CHECK (octet_length(hash) = 32) NOT VALID,
-    ADD CONSTRAINT ledger_prev_hash_check
-        CHECK ((prev_hash IS NULL) = (seq = 1) AND coalesce(octet_length(prev_hash), 32) = 32) NOT VALID;
+-- One constraint per statement: Citus distributes ADD CONSTRAINT only alone.
+ALTER TABLE ledger ADD CONSTRAINT ledger_account_id_check CHECK (account_id::account_key IS NOT NULL) NOT VALID;
+ALTER TABLE ledger ADD CONSTRAINT ledger_hash_check CHECK (octet_length(hash) = 32) NOT VALID;
+ALTER TABLE ledger ADD CONSTRAINT ledger_prev_hash_check
+    CHECK ((prev_hash IS NULL) = (seq = 1) AND coalesce(octet_length(prev_hash), 32) = 32) NOT VALID;
 ALTER TABLE ledger VALIDATE CONSTRAINT ledger_account_id_check;
 ALTER TABLE ledger VALIDATE CONSTRAINT ledger_hash_check;
 ALTER TABLE ledger VALIDATE CONSTRAINT ledger_prev_hash_check;

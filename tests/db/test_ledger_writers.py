@@ -6,6 +6,9 @@ itself. And the ledger's columns are held to their rules by CHECK constraints.""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from typing import Any
 
 import psycopg
@@ -168,3 +171,16 @@ def test_the_ledger_s_columns_follow_their_rules(conn: Conn, columns: dict[str, 
     with pytest.raises(psycopg.errors.CheckViolation):
         _insert_row(conn, "acc-rules", **columns)
     _insert_row(conn, "acc-rules", seq=3, prev_hash=b"\x01" * 32)  # the rules allow a well-formed row
+
+
+def test_keys_create_as_the_service_s_role_says_to_run_it_as_the_owner(app_db_url: str) -> None:
+    env = {**os.environ, "DATABASE_URL": app_db_url}
+    done = subprocess.run(
+        [sys.executable, "-m", "service.cli", "keys", "create", "--role", "admin", "--name", "ops"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2 and "owner" in done.stderr, done.stderr
