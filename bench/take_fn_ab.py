@@ -65,7 +65,7 @@ BEFORE = HERE / "take_before.sql"
 # A side named `<side>@unchecked` runs in a copy of --db without the ledger's CHECK constraints of
 # migrations/0016: `before@unchecked` is the take as it was before 0016, schema included.
 UNCHECKED = "@unchecked"
-CHECKS_0016 = ("ledger_account_id_check", "ledger_hash_check", "ledger_prev_hash_check")
+CHECKS_0016 = ("ledger_row_check",)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -76,7 +76,7 @@ def backend_cpu(pid: int) -> float:
 
 
 def statement(side: str) -> str:
-    side = side.removesuffix(UNCHECKED)
+    side = side.partition("@")[0]
     if side == "statement":
         return Q.take
     if side == "before":
@@ -260,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     url = with_database(pg, args.db) if args.no_setup else service_database(pg, args.db)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(CANDIDATES.read_text())  # a trusted file of ours, with no parameters
-    urls = {s: url for s in sides}
+    # `<side>@<variant>`: in the database `<--db>_<variant>` (made by hand, except `unchecked`)
+    urls = {s: with_database(pg, f"{args.db}_{s.partition('@')[2]}") if "@" in s else url for s in sides}
     if any(s.endswith(UNCHECKED) for s in sides):
         unchecked = with_database(pg, args.db + UNCHECKED.replace("@", "_"))
         if not args.no_setup:
