@@ -284,3 +284,22 @@ GRANT EXECUTE ON FUNCTION ledger_take(text, text, bigint, text, text, text),
                           ledger_reset_group(text[], text, text, text, text, text, text, text, text),
                           audit_append(text, text, text, text, jsonb, jsonb)
     TO quota_app;
+
+-- What the service's role still writes of quotas directly, column by column (migrations/0016): new
+-- counter rows, and their limits, override and deletion flag; never used, period or chain_*. Citus
+-- copies table privileges to the shards but not column privileges, so on Citus the same grant is
+-- made on every shard of quotas here, on every `migrate`: run it again after moving shards.
+DO $$
+DECLARE
+    grant_quotas constant text := 'GRANT INSERT (account_id, metric, plan_limit, free_limit, lapsed, account_deleted, '
+        'period), UPDATE (plan_limit, free_limit, override_set, override_limit, lapsed, account_deleted) '
+        'ON %s TO quota_app';
+BEGIN
+    EXECUTE format(grant_quotas, 'quotas');
+    IF EXISTS (SELECT FROM pg_extension WHERE extname = 'citus') THEN
+        IF EXISTS (SELECT FROM run_command_on_shards('quotas', grant_quotas) WHERE NOT success) THEN
+            RAISE EXCEPTION 'could not grant quota_app its columns of quotas on every shard';
+        END IF;
+    END IF;
+END
+$$;
