@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -61,6 +62,7 @@ from service.db import Q  # noqa: E402
 from service.quota import periods  # noqa: E402
 
 CANDIDATES = HERE / "take_fn_candidates.sql"
+WRITERS = HERE.parent / "migrations" / "repeatable" / "ledger_writers.sql"
 BEFORE = HERE / "take_before.sql"
 # A side named `<side>@unchecked` runs in a copy of --db without the ledger's CHECK constraints of
 # migrations/0016: `before@unchecked` is the take as it was before 0016, schema included.
@@ -134,6 +136,38 @@ def run_sides(
             c.close()
 
 
+def writer_variants() -> str:
+    """Variants of the service's ledger_take (docs/design/ledger-writers.md), made from its source:
+    take_definer_noset without the fixed search_path (its tables and ledger_link named with their
+    schema instead), take_invoker without SECURITY DEFINER, take_definer_into returning its row
+    through OUT parameters instead of RETURN QUERY (a refused take: one row of NULLs)."""
+    text = WRITERS.read_text()
+    start = text.index("CREATE OR REPLACE FUNCTION ledger_take(")
+    take = text[start : text.index("END\n$f$;", start) + len("END\n$f$;")]
+    definer = " SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp"
+    noset = (
+        take.replace("ledger_take(", "take_definer_noset(", 1)
+        .replace(" SET search_path = pg_catalog, public, pg_temp", "")
+        .replace("UPDATE quotas q", "UPDATE public.quotas q")
+        .replace("INSERT INTO ledger (", "INSERT INTO public.ledger (")
+        .replace("ledger_link(", "public.ledger_link(")
+    )
+    invoker = take.replace("ledger_take(", "take_invoker(", 1).replace(definer, "")
+    returns = re.search(r"\) RETURNS TABLE \((.*?)\)\n", take, re.S)
+    assert returns is not None
+    outs = ", ".join("OUT " + c.strip() for c in returns[1].split(","))
+    into = (
+        take.replace("ledger_take(", "take_definer_into(", 1)
+        .replace(returns[0], f", {outs})\n")
+        .replace("RETURN QUERY\n", "")
+        .replace(
+            "\n  FROM entry e;",
+            '\n  INTO take_id, metric, units, used, "limit", period, limit_source\n  FROM entry e;',
+        )
+    )
+    return "\n".join((noset, invoker, into))
+
+
 def unchecked_copy(pg: str, db: str) -> str:
     """A copy of `db` without 0016's CHECK constraints on the ledger; returns its URL."""
     name = db + UNCHECKED.replace("@", "_")
@@ -164,6 +198,7 @@ def pgbench_script(tmp: Path, side: str, first: int, last: int) -> Path:
 def distribute_candidates(url: str, sides: list[str]) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(CANDIDATES.read_text())
+        conn.execute(writer_variants())
         for side in sides:
             if side not in ("statement", "take_delegated"):  # migrate distributed take_delegated
                 conn.execute(
@@ -260,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     url = with_database(pg, args.db) if args.no_setup else service_database(pg, args.db)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(CANDIDATES.read_text())  # a trusted file of ours, with no parameters
+        conn.execute(writer_variants())
     # `<side>@<variant>`: in the database `<--db>_<variant>` (made by hand, except `unchecked`)
     urls = {s: with_database(pg, f"{args.db}_{s.partition('@')[2]}") if "@" in s else url for s in sides}
     if any(s.endswith(UNCHECKED) for s in sides):

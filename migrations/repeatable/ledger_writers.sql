@@ -270,20 +270,23 @@ $$;
 -- Who may call what: the writers are the service's, ledger_link nobody's but the owner's.
 REVOKE ALL ON FUNCTION ledger_link(bigint, bytea, text, text, text, text, bigint, bigint, bigint, bigint, text, text)
     FROM PUBLIC;
-REVOKE ALL ON FUNCTION ledger_take(text, text, bigint, text, text, text),
-                       ledger_roll_over(text, text, text, text),
-                       ledger_release(text, bigint, text, text),
-                       ledger_admin_reset(text, text, text, text),
-                       ledger_reset_group(text[], text, text, text, text, text, text, text, text),
-                       audit_append(text, text, text, text, jsonb, jsonb)
-    FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION ledger_take(text, text, bigint, text, text, text),
-                          ledger_roll_over(text, text, text, text),
-                          ledger_release(text, bigint, text, text),
-                          ledger_admin_reset(text, text, text, text),
-                          ledger_reset_group(text[], text, text, text, text, text, text, text, text),
-                          audit_append(text, text, text, text, jsonb, jsonb)
-    TO quota_app;
+DO $$
+DECLARE
+    writer text;
+BEGIN
+    FOREACH writer IN ARRAY ARRAY[
+        'ledger_take(text, text, bigint, text, text, text)',
+        'ledger_roll_over(text, text, text, text)',
+        'ledger_release(text, bigint, text, text)',
+        'ledger_admin_reset(text, text, text, text)',
+        'ledger_reset_group(text[], text, text, text, text, text, text, text, text)',
+        'audit_append(text, text, text, text, jsonb, jsonb)'
+    ] LOOP
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', writer);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO quota_app', writer);
+    END LOOP;
+END
+$$;
 
 -- What the service's role still writes of quotas directly, column by column (migrations/0016): new
 -- counter rows, and their limits, override and deletion flag; never used, period or chain_*. Citus
