@@ -1,21 +1,22 @@
 -- The take as one function call, for Citus (README "Scaling out", "One round trip per take";
 -- service/quota/takes.py). `quota-ledger migrate` applies this file on every run (CREATE OR REPLACE).
 --
--- On Citus the take statement (takes.sql `take`: an UPDATE ... RETURNING in a CTE feeding the ledger
--- INSERT) is planned as coordinator steps. This function, distributed by its account argument and
+-- On Citus the take statement (ledger_take in ledger_writers.sql: an UPDATE ... RETURNING in a CTE
+-- feeding the ledger INSERT) is planned as coordinator steps. This function, distributed by its account argument and
 -- co-located with quotas, is delegated whole to the node that holds the account when called as
 -- `SELECT * FROM take_delegated(<parameters>)` in autocommit: one round trip, and inside it three
 -- single-row statements that Citus's fast-path router runs on the local shard. It keeps the
 -- statement's guarantees: the counter row is locked with the limit re-checked on its newest version
 -- (READ COMMITTED re-evaluates the WHERE after a lock wait), so concurrent takes never overshoot; the
--- chain position, id and time are drawn after the lock; the counter and its ledger row change in one
+-- chain position, id, time and hash come from ledger_link after the lock; the counter and its ledger row change in one
 -- call, so a duplicate idempotency key (the INSERT's unique violation) rolls the counter back too.
 -- The id comes from the node's own range of ledger_id_seq: ids are only unique, the chain is
 -- ordered by seq (migrations/0015). A refused take returns one row of NULLs (a delegated call may
 -- carry no WHERE); the caller then diagnoses it as after the statement.
 --
--- On one PostgreSQL the service runs the statement instead (the function costs more server CPU per
+-- On one PostgreSQL the service runs ledger_take instead (this function costs more server CPU per
 -- take there: bench/README.md); tests/db/test_takes.py holds the two to the same answers and rows.
+-- SECURITY DEFINER, as every ledger writer (ledger_writers.sql, migrations/0016).
 CREATE OR REPLACE FUNCTION take_delegated(
     p_account_id text, p_metric text, p_units bigint, p_period text, p_idempotency_key text, p_actor text,
     OUT take_id bigint, OUT metric text, OUT units bigint, OUT used bigint, OUT "limit" bigint,
