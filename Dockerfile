@@ -3,8 +3,8 @@
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /app
-# The exact, hash-checked dependency set of requirements.lock (README: Deploying says how to
-# refresh it), in its own layer; then the project itself, built with the locked setuptools.
+# The exact, hash-checked dependency set of requirements.lock (how to refresh it: docs/operations.md,
+# Reproducible images), in its own layer; then the project itself, built with the locked setuptools.
 COPY requirements.lock ./
 RUN pip install --require-hashes --no-deps -r requirements.lock
 COPY pyproject.toml setup.py MANIFEST.in README.md plans.toml ./

@@ -32,10 +32,10 @@ sys.path.insert(0, str(HERE))
 import psycopg  # noqa: E402
 from webhooks import PLANS_FILE, Deliveries, setup  # noqa: E402
 
-from service.billing.apply import delivery_params  # noqa: E402
+from service.billing.apply import deliver_params  # noqa: E402
 from service.billing.events import Envelope, SubscriptionChange  # noqa: E402
-from service.billing.plans import load_plans  # noqa: E402
 from service.db import Positional, Q  # noqa: E402
+from service.plans import load_plans  # noqa: E402
 from service.webhooks import stripe  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -77,7 +77,7 @@ class Events(Deliveries):
         )
         change = stripe.translate(env)
         assert isinstance(change, SubscriptionChange)
-        params = delivery_params(
+        params = deliver_params(
             self.plans,
             env,
             change,

@@ -48,8 +48,8 @@ sys.path.insert(0, str(ROOT))
 import psycopg  # noqa: E402
 from common import server_urls, with_database  # noqa: E402
 
-from service.billing.plans import load_plans  # noqa: E402
 from service.migrate import migrate  # noqa: E402
+from service.plans import load_plans  # noqa: E402
 from service.quota import periods  # noqa: E402
 from service.quota.reset import (  # noqa: E402
     DEFAULT_BATCH_SIZE,

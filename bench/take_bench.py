@@ -38,9 +38,9 @@ sys.path.insert(0, str(ROOT))
 import psycopg  # noqa: E402
 from common import recreate_database, server_urls, with_database  # noqa: E402
 
-from service.billing.plans import load_plans  # noqa: E402
 from service.keys import create_key  # noqa: E402
 from service.migrate import migrate  # noqa: E402
+from service.plans import load_plans  # noqa: E402
 from service.quota import periods  # noqa: E402
 from service.quota.takes import take  # noqa: E402
 

@@ -9,13 +9,13 @@ bench_wh_bl, or DB and DB_bl with --db DB), wrk and psql on PATH. Run by hand; i
 
 Every delivery is distinct (its own event id), signed with the configured secret just before its
 repetition, and newer than anything stored for its subscription, so every request takes the full
-path: verify, allowlist, dedupe, store, order, apply (tier and status through apply_plan), commit.
+path: verify, allowlist, dedupe, store, order, apply (tier and status: billing_set_tier), commit.
 Events are `customer.subscription.updated` for one subscription per account, spread uniformly over
 --accounts accounts (each starts on Basic, active). --change-rate is the share of events that move
 their subscription to another price (basic, pro) or status (active, past_due, trialing), so that the
-account's tier or status changes (apply_plan, audit rows); the others repeat the subscription's
-state, as renewals do. The default, 1.0, is the worst case. The bodies have the vendored fixture's
-full shape (about 4 kB).
+account's tier or status changes (billing_set_tier: limits and audit rows); the others repeat the
+subscription's state, as renewals do. The default, 1.0, is the worst case. The bodies have the
+vendored fixture's full shape (about 4 kB).
 
 Prints each repetition, then medians of throughput, p50 and p99 (the acknowledgement latency a
 provider sees), and the median of the per-repetition throughput ratios (ours / baseline; target
@@ -56,8 +56,8 @@ import psycopg  # noqa: E402
 import stripe  # noqa: E402
 from common import recreate_database, server, server_urls, wrk_ms, wrk_seconds  # noqa: E402
 
-from service.billing.plans import load_plans  # noqa: E402
 from service.migrate import migrate  # noqa: E402
+from service.plans import load_plans  # noqa: E402
 from service.quota import periods  # noqa: E402
 
 
@@ -156,7 +156,8 @@ class Deliveries:
     """Signed `customer.subscription.updated` deliveries, each with a new event id and a `created`
     newer than every earlier one, so each applies. With probability `change_rate` an event moves
     its subscription to another (price, status), which changes the account's tier or status
-    (apply_plan runs); otherwise it repeats the subscription's state, as a renewal does."""
+    (billing_set_tier writes its limits); otherwise it repeats the subscription's state, as a renewal
+    does."""
 
     def __init__(self, accounts: int, change_rate: float, prefix: str = "evt_bench") -> None:
         self.accounts, self.change_rate, self.prefix = accounts, change_rate, prefix

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,11 @@ WEBHOOK_ENVIRONMENT_ANY = "any"
 _SWITCH = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
 
 
+def _path(value: str | None) -> Path | None:
+    """An optional path setting: unset or blank is None."""
+    return Path(value) if value and value.strip() else None
+
+
 @dataclass(frozen=True, kw_only=True)
 class Settings:
     database_url: str
@@ -42,8 +48,25 @@ class Settings:
     # Off behind a transaction pooler that cannot keep prepared statements across transactions
     # (PgBouncer before 1.21, or without max_prepared_statements): every statement is sent unprepared.
     db_prepared_statements: bool = True
+    # Exports (GET /v1/ledger.csv) run on a pool of their own, this many per process at once; one
+    # more is answered 503 at once. Their connections are never the takes' (DB_POOL_SIZE).
+    export_pool_size: int = 2
+    # An export whose reader takes nothing for this long is ended: the socket's send times out, and
+    # PostgreSQL ends its transaction when idle this long (idle_in_transaction_session_timeout).
+    export_idle_timeout: float = 300.0
     # Verified API keys are remembered this long per process: a revoked key stops working within it.
     key_cache_seconds: float = 5.0
+    # The Ed25519 private key (PEM) that signs ledger checkpoints; kept where the database's owner
+    # cannot read it (docs/ledger-checkpoints.md).
+    ledger_checkpoint_key: Path | None = None
+    # Where the daily beat task writes a signed ledger checkpoint (with the key set; else none).
+    ledger_checkpoint_dir: Path | None = None
+    # The webhook inbox's retention (service/billing/inbox.py): applied events kept this many days
+    # (0: for ever, until finance says otherwise), ignored ones this many days, and at most this many
+    # unmatched events per provider (the oldest beyond it are removed, counted and logged).
+    inbox_applied_days: int = 0
+    inbox_ignored_days: int = 30
+    inbox_unmatched_limit: int = 10_000
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, *, serving: bool = False) -> Settings:
@@ -53,7 +76,7 @@ class Settings:
         e = os.environ if env is None else env
         url = e.get("DATABASE_URL", "")
         if not url:
-            raise RuntimeError("DATABASE_URL is not set (see README: Configuration)")
+            raise RuntimeError("DATABASE_URL is not set (see docs/operations.md)")
         choices = (*WEBHOOK_ENVIRONMENTS, WEBHOOK_ENVIRONMENT_ANY)
         environment = e.get("WEBHOOK_ENVIRONMENT", "").strip().lower()
         if environment and environment not in choices:
@@ -63,7 +86,7 @@ class Settings:
         if serving and not environment:
             raise RuntimeError(
                 "WEBHOOK_ENVIRONMENT is not set: production on a production deployment, sandbox on "
-                "one that takes provider test events only, any to apply both (README: Configuration)"
+                "one that takes provider test events only, any to apply both (docs/operations.md)"
             )
         prepared = e.get("DB_PREPARED_STATEMENTS", "on").strip().lower()
         if prepared not in _SWITCH:
@@ -82,5 +105,22 @@ class Settings:
             db_pool_size=int(e.get("DB_POOL_SIZE", cls.db_pool_size)),
             db_pool_timeout=float(e.get("DB_POOL_TIMEOUT", cls.db_pool_timeout)),
             db_prepared_statements=_SWITCH[prepared],
+            export_pool_size=int(e.get("EXPORT_POOL_SIZE", cls.export_pool_size)),
+            export_idle_timeout=float(e.get("EXPORT_IDLE_TIMEOUT", cls.export_idle_timeout)),
             key_cache_seconds=float(e.get("KEY_CACHE_SECONDS", cls.key_cache_seconds)),
+            ledger_checkpoint_key=_path(e.get("LEDGER_CHECKPOINT_KEY")),
+            ledger_checkpoint_dir=_path(e.get("LEDGER_CHECKPOINT_DIR")),
+            inbox_applied_days=_count(e, "INBOX_APPLIED_DAYS", cls.inbox_applied_days),
+            inbox_ignored_days=_count(e, "INBOX_IGNORED_DAYS", cls.inbox_ignored_days),
+            inbox_unmatched_limit=_count(e, "INBOX_UNMATCHED_LIMIT", cls.inbox_unmatched_limit, minimum=1),
         )
+
+
+def _count(env: Mapping[str, str], name: str, default: int, *, minimum: int = 0) -> int:
+    """A whole number >= `minimum` from the environment, or `default` when unset."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) < minimum:
+        raise RuntimeError(f"{name} must be a whole number >= {minimum}, not {raw!r}")
+    return int(raw)

@@ -150,13 +150,25 @@ class Database:
     requests fail within `FAIL_FAST_WAIT` rather than queueing for `DB_POOL_TIMEOUT` each.
     The pool opens lazily so that it is created after a gunicorn fork, never before."""
 
-    def __init__(self, settings: Settings, *, name: str = "quota-ledger") -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        name: str = "quota-ledger",
+        min_size: int = 1,
+        max_size: int | None = None,
+    ) -> None:
+        """`max_size`: DB_POOL_SIZE unless given (the export pool gives EXPORT_POOL_SIZE)."""
         self.timeout = settings.db_pool_timeout
         self.unreachable = False
+        self.timeouts = 0  # requests that got no connection in time (a metric: service/http/gauges.py)
+        # When a connection last came back healthy from a request: readiness asks it when every
+        # connection is out (busy serving is not down).
+        self.last_returned = time.monotonic()
         self.pool: ConnectionPool[Connection] = ConnectionPool(
             settings.database_url,
-            min_size=1,
-            max_size=max(settings.db_pool_size, 1),
+            min_size=min_size,
+            max_size=max(settings.db_pool_size if max_size is None else max_size, 1),
             kwargs={**connect_kwargs(settings), "application_name": name},
             open=False,
             name=name,
@@ -182,6 +194,8 @@ class Database:
                 self.unreachable = True
             raise
         finally:
+            if not conn.broken:
+                self.last_returned = time.monotonic()
             self.pool.putconn(conn)
 
     def _take(self, timeout: float) -> Connection:
@@ -203,10 +217,33 @@ class Database:
             except PoolTimeout:
                 if left <= _WAIT_SLICE or self.pool.get_stats().get("connections_errors", 0) > errors:
                     self.unreachable = True
+                    self.timeouts += 1
                     raise
                 continue
             self.unreachable = False
             return conn
+
+    def readiness(self, *, timeout: float) -> str:
+        """`ok` when a connection answers `SELECT 1` within `timeout` (FAIL_FAST_WAIT while the
+        database is known unreachable); `ok (busy ...)` when none was free but connections came back
+        healthy meanwhile: every one is out serving requests, which is busy, not down. Otherwise
+        `error: ...`. Unlike a request, a probe that times out does not mark the database unreachable."""
+        started = time.monotonic()
+        if self.pool.closed:
+            self.pool.open(wait=False)
+        try:
+            conn = self.pool.getconn(timeout=min(timeout, FAIL_FAST_WAIT) if self.unreachable else timeout)
+        except PoolTimeout:
+            if not self.unreachable and self.last_returned > started:
+                return f"ok (busy: all {self.pool.max_size} connections serving requests)"
+            return "error: PoolTimeout"
+        try:
+            conn.execute("SELECT 1")
+            return "ok"
+        except Exception as e:
+            return f"error: {type(e).__name__}"
+        finally:
+            self.pool.putconn(conn)
 
     def close(self) -> None:
         self.pool.close()

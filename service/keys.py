@@ -14,8 +14,9 @@ from psycopg.rows import class_row, dict_row
 
 from service import audit
 from service.db import Connection, Q, transaction
+from service.vocabulary import Role
 
-ROLES = ("product", "admin", "finance")
+ROLES = tuple(Role)
 PREFIX = "qlk_"
 
 

@@ -11,17 +11,28 @@ reach gunicorn at all (README: Deploying).
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import errno
 import json
 import os
+import re
 import shutil
+import signal
 import socket
+import sys
 import tempfile
+from pathlib import Path
 from typing import Any
 
 # Per worker process. A slow client holds one thread until its request has arrived; requests that
 # have arrived wait for one of the DB_POOL_SIZE connections, not for a thread.
 DEFAULT_THREADS = 16
+# Prometheus multiprocess folders are named after the master that made them: a master that crashed
+# (kill -9) never removed its own, and the next start does.
+METRICS_DIR_PREFIX = "quota-metrics-"
+_METRICS_DIR = re.compile(re.escape(METRICS_DIR_PREFIX) + r"(\d+)-")
+_PR_SET_PDEATHSIG = 1
 
 
 class PortInUse(RuntimeError):
@@ -66,6 +77,67 @@ def write_json_error(sock: socket.socket, status_int: int, reason: str, mesg: st
     gunicorn_util.write_nonblock(sock, head.encode("latin-1") + body)
 
 
+def honour_connection_close() -> None:
+    """gunicorn drops every hop-by-hop header an app sets, Connection included, and decides itself
+    whether to keep the connection. Make an app's `Connection: close` close it (and say so): the app
+    knows when a request's body was left unread (service/http/inbound.py)."""
+    from gunicorn.http import wsgi
+
+    class Response(wsgi.Response):  # type: ignore[misc]
+        def process_headers(self, headers: list[tuple[str, str]]) -> None:
+            super().process_headers(headers)
+            if any(n.lower() == "connection" and v.strip().lower() == "close" for n, v in headers):
+                self.force_close()
+
+    wsgi.Response = Response
+
+
+def worker_class() -> type:
+    """gunicorn's gthread worker, except that it lets go of the listening socket as soon as it stops
+    accepting. Its master gone (kill -9), a gthread worker notices within a second ("Parent changed")
+    and then finishes its connections for up to the graceful timeout (30 s) with the listener still
+    open: new connections wait in its backlog unanswered and a new server cannot bind the port. The
+    kernel also tells it at once that its master died (SIGTERM, Linux's parent-death signal)."""
+    from gunicorn.workers.gthread import ThreadWorker
+
+    class Worker(ThreadWorker):  # type: ignore[misc]
+        def init_process(self) -> None:
+            if sys.platform.startswith("linux"):
+                libc = ctypes.CDLL(None, use_errno=True)
+                libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+            if os.getppid() != self.ppid:  # the master died before the signal was asked for
+                self.alive = False
+            super().init_process()
+
+        def is_parent_alive(self) -> bool:
+            if super().is_parent_alive():
+                return True
+            self.alive = False
+            return False
+
+        def set_accept_enabled(self, enabled: bool) -> None:
+            super().set_accept_enabled(enabled)
+            if not enabled and not self.alive:
+                for listener in self.sockets:
+                    listener.close()
+
+    return Worker
+
+
+def remove_stale_metrics_dirs(root: Path) -> None:
+    """Remove the Prometheus folders (METRICS_DIR_PREFIX) of masters that no longer run."""
+    for path in root.glob(METRICS_DIR_PREFIX + "*"):
+        m = _METRICS_DIR.match(path.name)
+        if m is None or not path.is_dir() or path.stat().st_uid != os.geteuid():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except PermissionError:  # alive, another user's
+            pass
+
+
 def serve(*, bind: str, workers: int, threads: int = DEFAULT_THREADS, access_log: bool = False) -> None:
     """Run gunicorn until it is stopped. Raises PortInUse before starting when `bind` is taken."""
     from gunicorn import util as gunicorn_util
@@ -75,11 +147,16 @@ def serve(*, bind: str, workers: int, threads: int = DEFAULT_THREADS, access_log
     # gunicorn writes its refusals through this module function (workers.base.Worker.handle_error);
     # replaced here, in the arbiter, so that every forked worker inherits it.
     gunicorn_util.write_error = write_json_error
+    honour_connection_close()
 
     # Prometheus multiprocess mode: every worker writes samples to files in this directory.
     own_metrics_dir = not os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if own_metrics_dir:
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="quota-metrics-")
+        with contextlib.suppress(OSError):
+            remove_stale_metrics_dirs(Path(tempfile.gettempdir()))
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(
+            prefix=f"{METRICS_DIR_PREFIX}{os.getpid()}-"
+        )
     arbiter_pid = os.getpid()
 
     def child_exit(server: Any, worker: Any) -> None:
@@ -91,7 +168,7 @@ def serve(*, bind: str, workers: int, threads: int = DEFAULT_THREADS, access_log
         def load_config(self) -> None:
             self.cfg.set("bind", bind)
             self.cfg.set("workers", workers)
-            self.cfg.set("worker_class", "gthread")
+            self.cfg.set("worker_class", worker_class())
             self.cfg.set("threads", threads)
             self.cfg.set("child_exit", child_exit)
             self.cfg.set("accesslog", "-" if access_log else None)

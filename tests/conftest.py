@@ -31,10 +31,10 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from service.billing.plans import PlanConfig, load_plans
 from service.config import Settings
 from service.keys import create_key
 from service.migrate import migrate
+from service.plans import PlanConfig, load_plans
 from service.roles import as_login, ensure_login_role
 from tests.citus import CLUSTER_GAPS, CLUSTER_SUITE, on_cluster
 from tests.citus.cluster import Cluster, unavailable_reason
@@ -243,7 +243,7 @@ def running_app(settings: Settings) -> Iterator[Any]:
     try:
         yield application
     finally:
-        application.extensions["quota"].pool.close()
+        application.extensions["quota"].close()
 
 
 @pytest.fixture

@@ -184,6 +184,7 @@ pidfile = {self.root / "pgbouncer.pid"}
             pw = pwd.getpwnam(UNPRIVILEGED)
             for f in self.root.iterdir():
                 os.chown(f, pw.pw_uid, pw.pw_gid)
+            self._reach_socket(str(host), int(up.get("port") or 5432))
         self.proc = subprocess.Popen(
             [exe, str(self.root / "pgbouncer.ini")],
             stdout=subprocess.DEVNULL,
@@ -196,6 +197,24 @@ pidfile = {self.root / "pgbouncer.pid"}
         except TimeoutError:
             self.close()
             raise
+
+    def _reach_socket(self, host: str, port: int) -> None:
+        """An upstream on a Unix socket in a directory only root may enter (the embedded PostgreSQL
+        of a machine with nothing but Python: mode 0700, root's) is out of reach of PgBouncer, run
+        as nobody. A hard link to the socket in PgBouncer's own directory is not: connecting needs
+        search rights on the directories of the path used, and write on the socket (0777)."""
+        if not host.startswith("/"):
+            return
+        socket_file = Path(host) / f".s.PGSQL.{port}"
+        try:
+            os.link(socket_file, self.root / socket_file.name)
+        except OSError as e:  # another filesystem: no hard link possible
+            raise Unavailable(
+                f"PgBouncer runs as {UNPRIVILEGED}, which cannot reach the upstream socket {socket_file} "
+                f"({e}); set DATABASE_URL to a PostgreSQL on TCP"
+            ) from None
+        ini = self.root / "pgbouncer.ini"
+        ini.write_text(ini.read_text().replace(f"host={host} ", f"host={self.root} ", 1))
 
     def url(self, dbname: str) -> str:
         return f"postgresql://{self.user}@127.0.0.1:{self.port}/{dbname}"

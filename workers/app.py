@@ -1,6 +1,6 @@
 """The Celery app and its beat schedule.
 
-Settings that matter for exactly-once effects (see reference/reliability.md §3):
+Settings that matter for exactly-once effects:
 - `task_acks_late` + `task_reject_on_worker_lost`: a task whose worker process dies is re-queued,
   not lost; every task is safe to run twice, so a redelivery only repeats a no-op.
 - The Redis `visibility_timeout` is longer than any task may run (`task_time_limit`), and no task
@@ -46,6 +46,20 @@ BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     "expire-access": {
         "task": "billing.expire_access",
         "schedule": crontab(minute=45),
+        "options": {"expires": 50 * 60},
+    },
+    # Daily: a signed checkpoint of every counter's head into LEDGER_CHECKPOINT_DIR (a no-op unless
+    # it and LEDGER_CHECKPOINT_KEY are set; one file per UTC day, so a second run writes nothing).
+    "ledger-checkpoint": {
+        "task": "ledger.checkpoint",
+        "schedule": crontab(minute=25, hour=3),
+        "options": {"expires": 60 * 60},
+    },
+    # Hourly: the webhook inbox's retention (ignored and, if set, applied events past their days;
+    # unmatched ones over the per-provider bound).
+    "purge-inbox": {
+        "task": "billing.purge_inbox",
+        "schedule": crontab(minute=55),
         "options": {"expires": 50 * 60},
     },
     "plan-sync": {

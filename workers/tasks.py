@@ -4,13 +4,14 @@ run twice (a second run is a no-op), which acks_late redelivery relies on."""
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import UTC, datetime
 
-from service.billing import expiry
-from service.billing.plans import load_plans
+from service import webhooks
+from service.billing import expiry, inbox
 from service.config import Settings
 from service.db import Connection, connect
-from service.quota import plan_sync, reset
+from service.plans import load_plans
+from service.quota import checkpoint, plan_sync, reset
 from workers.app import app
 
 # The outcome of each job goes to the worker's log here (the service functions only log progress).
@@ -83,3 +84,43 @@ def expire_access(at: str | None = None) -> dict[str, object]:
     with _connect(settings) as conn:
         outcome = expiry.end_expired(conn, plans, at=when)
     return {"accounts": outcome.accounts, "subscriptions": outcome.subscriptions, "message": outcome.message}
+
+
+@app.task(name="ledger.checkpoint")
+def ledger_checkpoint(at: str | None = None) -> dict[str, object]:
+    """The day's signed ledger checkpoint into LEDGER_CHECKPOINT_DIR, signed with
+    LEDGER_CHECKPOINT_KEY (service.quota.checkpoint); skipped unless both are set, a no-op when the
+    day's file exists. A ledger that does not verify is not signed: logged as an error. `at` (ISO
+    8601) sets the day, for tests."""
+    settings = Settings.from_env()
+    directory, key_file = settings.ledger_checkpoint_dir, settings.ledger_checkpoint_key
+    if directory is None or key_file is None:
+        log.info("ledger checkpoint: skipped, LEDGER_CHECKPOINT_DIR and LEDGER_CHECKPOINT_KEY not both set")
+        return {"status": "skipped"}
+    key = checkpoint.load_private_key(key_file)
+    when = datetime.fromisoformat(at) if at else None
+    try:
+        with _connect(settings) as conn:
+            written = checkpoint.write_daily(conn, key, directory, at=when)
+    except checkpoint.LedgerBroken as e:
+        for finding in e.result.findings[:20]:
+            log.error("ledger checkpoint: %s", finding.describe())
+        log.error("ledger checkpoint: not signed, the ledger does not verify (%s)", e)
+        return {"status": "refused", "breaks": e.result.breaks}
+    if written is None:
+        log.info("ledger checkpoint: today's is written already")
+        return {"status": "exists"}
+    log.info("%s", written.message)
+    return written.as_dict()
+
+
+@app.task(name="billing.purge_inbox")
+def purge_inbox() -> dict[str, object]:
+    """Remove the inbox rows past their retention (INBOX_* settings), counting each removal."""
+    settings = Settings.from_env()
+    with _connect(settings) as conn:
+        outcome = inbox.purge(
+            conn, inbox.Retention.of(settings), providers=webhooks.PROVIDERS, at=datetime.now(UTC)
+        )
+    log.info("%s", outcome.message)
+    return {"ignored": outcome.ignored, "applied": outcome.applied, "over_bound": outcome.over_bound}

@@ -18,6 +18,8 @@ P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
 
+_giving_back: set[asyncio.Future[None]] = set()  # slots' releases in flight, shielded from cancellation
+
 
 class AsyncQuotaClient:
     """`QuotaClient` for asyncio: the same methods, awaited, and `async with client.slot(...)`.
@@ -121,21 +123,34 @@ class AsyncSlot:
         self._take: TakeResult | None = None
 
     async def __aenter__(self) -> TakeResult:
-        take = await self._client.take(self._account_id, self._metric, self._units)
-        self._take = _core.granted_or_raise(take)
+        pending = _core.pending_take(self._account_id, self._metric, self._units)
+        self._take = None
+        try:
+            self._take = _core.granted_or_raise(
+                await self._client.take(self._account_id, self._metric, self._units, pending.idempotency_key)
+            )
+        except BaseException as error:
+            if _core.may_hold(error):
+                await self._give_back(self._take or pending)
+            raise
         return self._take
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         take, self._take = self._take, None
-        if exc is None or take is None:
-            return
-        try:
-            # Also after a cancellation: asyncio lets the cleanup await, unless cancelled again.
-            await self._client.release(take)
-        except Exception as error:
-            _core.report_release_error(self._on_release_error, error, take)
+        if exc is not None and take is not None:
+            await self._give_back(take)
+
+    async def _give_back(self, take: TakeResult) -> None:
+        """`_core.Operations.give_back` as a task of its own, awaited through asyncio.shield: a
+        cancellation (a timeout's included) stops the waiting, not the release."""
+        task = asyncio.ensure_future(
+            self._client._run(self._client._ops.give_back(take, self._on_release_error))
+        )
+        _giving_back.add(task)  # the loop keeps only a weak reference to a task
+        task.add_done_callback(_giving_back.discard)
+        await asyncio.shield(task)
 
     def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
         @functools.wraps(fn)

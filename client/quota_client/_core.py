@@ -133,8 +133,12 @@ def new_idempotency_key() -> str:
 
 def take_id_of(take: TakeResult | int) -> int:
     if isinstance(take, TakeResult):
-        if take.take_id is None:
+        if not take.granted:
             raise ValueError("this take was refused; there is nothing to release")
+        if take.take_id is None:
+            raise ValueError(
+                "this take was never confirmed; take again with its idempotency_key to learn its take_id"
+            )
         return take.take_id
     return take
 
@@ -198,6 +202,41 @@ class Operations:
         got = yield from send(Call("POST", release_path(take)), self.policy)
         return models.release_result(ok(got))
 
+    def give_back(self, take: TakeResult, on_release_error: OnReleaseError) -> Exchange[None]:
+        """What a slot does with a take it must not keep: release it, and an unconfirmed take (one
+        whose answer never arrived, `take_id` None) first learns its id by taking again with its
+        idempotency key, which returns the original take (200), or takes now if the original never
+        arrived (then released at once), or is refused. Never raises: a failure goes to
+        `on_release_error` with the take as far as it is known."""
+        try:
+            if take.take_id is None:
+                take = yield from self.take(take.account_id, take.metric, take.units, take.idempotency_key)
+                if not take.granted:
+                    return
+            yield from self.release(take)
+        except Exception as error:
+            report_release_error(on_release_error, error, take)
+
+
+def pending_take(account_id: str, metric: str, units: int) -> TakeResult:
+    """A slot's take before it is sent, its idempotency key made: if the answer never arrives, the
+    slot gives back what this names (`Operations.give_back`)."""
+    return models.unconfirmed_take(
+        account_id=account_id, metric=metric, units=units, idempotency_key=new_idempotency_key()
+    )
+
+
+def may_hold(error: BaseException) -> bool:
+    """Whether a take that raised `error` may have been granted all the same: an interruption
+    (cancellation, KeyboardInterrupt), a lost answer or a 5xx leaves the service's side unknown;
+    an answer that refused it (4xx), an exhausted quota or a request that could not be sent at all
+    (a malformed URL, which fails the first attempt as every other) does not."""
+    if isinstance(error, QuotaExceededError):
+        return False
+    if isinstance(error, ConnectionFailedError) and not isinstance(error.__cause__, RETRYABLE):
+        return False
+    return not (isinstance(error, ApiError) and error.status < 500)
+
 
 def granted_or_raise(take: TakeResult) -> TakeResult:
     """What `slot` does with a take: a refusal becomes QuotaExceededError, before the block runs."""
@@ -210,7 +249,7 @@ def log_release_error(error: Exception, take: TakeResult) -> None:
     """The default `on_release_error`: the units stay taken until the month's reset, so say which."""
     log.warning(
         "could not release take %s (%s units of %s for %s): %s",
-        take.take_id,
+        take.take_id if take.take_id is not None else f"with idempotency key {take.idempotency_key}",
         take.units,
         take.metric,
         take.account_id,

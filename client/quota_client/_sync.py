@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextvars
 import functools
+import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -102,7 +104,13 @@ class QuotaClient:
 
         Refused: QuotaExceededError, and the block does not run. The block raised: the take is
         released and the block's exception propagates unchanged; a failed release goes to
-        `on_release_error` (default: the client's, which logs at WARNING), never in its place."""
+        `on_release_error` (default: the client's, which logs at WARNING), never in its place.
+        The take itself interrupted (KeyboardInterrupt, a timeout or cancellation, no answer, a
+        5xx): the service may have granted it, so the slot finds it by its idempotency key and
+        releases it before the exception goes on; if it cannot, `on_release_error` gets the take
+        with `take_id` None and its key. A second interrupt stops the waiting, not the release:
+        the release runs in a thread of its own (in a copy of the caller's contextvars), which
+        also calls `on_release_error`."""
         return Slot(self, account_id, metric, units, on_release_error or self._on_release_error)
 
     def _run(self, exchange: Exchange[T]) -> T:
@@ -139,21 +147,37 @@ class Slot:
         self._take: TakeResult | None = None
 
     def __enter__(self) -> TakeResult:
-        take = self._client.take(self._account_id, self._metric, self._units)
-        self._take = _core.granted_or_raise(take)
+        pending = _core.pending_take(self._account_id, self._metric, self._units)
+        self._take = None
+        try:
+            self._take = _core.granted_or_raise(
+                self._client.take(self._account_id, self._metric, self._units, pending.idempotency_key)
+            )
+        except BaseException as error:
+            if _core.may_hold(error):
+                self._give_back(self._take or pending)
+            raise
         return self._take
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         take, self._take = self._take, None
-        if exc is None or take is None:
-            return
-        try:
-            self._client.release(take)
-        except Exception as error:
-            _core.report_release_error(self._on_release_error, error, take)
+        if exc is not None and take is not None:
+            self._give_back(take)
         # Returning None lets `exc` propagate as it was raised.
+
+    def _give_back(self, take: TakeResult) -> None:
+        """`_core.Operations.give_back` in a thread of its own, which this one waits for: a second
+        KeyboardInterrupt stops the waiting, not the release (the interpreter waits for the thread
+        before it exits). The thread runs in a copy of this thread's context."""
+        give_back = self._client._ops.give_back(take, self._on_release_error)
+        context = contextvars.copy_context()
+        worker = threading.Thread(
+            target=context.run, args=(self._client._run, give_back), name="quota-client-give-back"
+        )
+        worker.start()
+        worker.join()
 
     def __call__(self, fn: Callable[P, R]) -> Callable[P, R]:
         @functools.wraps(fn)

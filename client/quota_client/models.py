@@ -12,7 +12,10 @@ class TakeResult:
     """The outcome of a take. Granted: `take_id` names it (pass the result to `release`). Refused
     because the quota is exhausted: `granted` is false, `reason` is "exhausted", `take_id` is None
     and the numbers say how far it is. `limit` None = unlimited; `replayed` is true when the
-    idempotency key returned an earlier take (nothing moved this time)."""
+    idempotency key returned an earlier take (nothing moved this time). A slot that cannot give
+    back a take it never learned the id of hands `on_release_error` an unconfirmed one: `granted`,
+    `take_id` None, no numbers; a take with its `idempotency_key` (same metric and units) returns
+    the take, which can then be released."""
 
     granted: bool
     account_id: str
@@ -115,6 +118,24 @@ def refused_take(
         remaining=_int_or_none(body.get("remaining")),
         limit_source=body.get("limit_source"),
         period=body.get("period"),
+        idempotency_key=idempotency_key,
+    )
+
+
+def unconfirmed_take(*, account_id: str, metric: str, units: int, idempotency_key: str) -> TakeResult:
+    """A take that was sent but whose answer never arrived: granted for all the client knows, with
+    no `take_id` and no numbers; a take with the same key (and metric and units) returns it."""
+    return TakeResult(
+        granted=True,
+        account_id=account_id,
+        metric=metric,
+        units=units,
+        take_id=None,
+        used=0,
+        limit=None,
+        remaining=None,
+        limit_source=None,
+        period=None,
         idempotency_key=idempotency_key,
     )
 

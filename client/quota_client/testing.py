@@ -33,7 +33,14 @@ from quota_client._async import AsyncQuotaClient
 from quota_client._core import OnReleaseError, log_release_error
 from quota_client._sync import QuotaClient
 
+# The service's words that this fake answers with (service/vocabulary.py), copied because the client
+# cannot import the service; tests/client/test_vocabulary.py holds each copy to its original.
+ACCOUNT_KINDS = ("user", "team")
 ACCOUNT_ID = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
+ACCOUNT_ID_RULE = "1-128 characters of [A-Za-z0-9._:@-]"
+RELEASE_REASONS = ALREADY_RELEASED, PERIOD_CLOSED = ("already_released", "period_closed")
+LIMIT_SOURCES = OVERRIDE, PLAN = ("override", "plan")  # no plans here, so no free_fallback
+NO_SUBSCRIPTION = "none"
 PERIOD = re.compile(r"[0-9]{4}-(0[1-9]|1[0-2])")
 MAX_UNITS = 2**31 - 1
 BASE_URL = "http://quota.in-memory"
@@ -171,8 +178,8 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
 
     def _put_account(self, account_id: str, body: dict[str, Any]) -> Reply:
         _only(body, "kind", "stripe_customer_id")
-        if body.get("kind") not in ("user", "team"):
-            raise _invalid({"kind": ["Must be one of: user, team."]})
+        if body.get("kind") not in ACCOUNT_KINDS:
+            raise _invalid({"kind": [f"Must be one of: {', '.join(ACCOUNT_KINDS)}."]})
         customer = body.get("stripe_customer_id")
         if customer is not None and not (isinstance(customer, str) and 1 <= len(customer) <= 255):
             raise _invalid({"stripe_customer_id": ["Length must be between 1 and 255."]})
@@ -241,9 +248,9 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
         if take is None or (account_id is not None and take.account_id != account_id):
             raise _Refused(404, "unknown_take", f"unknown take {take_id}")
         if take.released:
-            return 200, {"released": False, "reason": "already_released", "take_id": take_id}
+            return 200, {"released": False, "reason": ALREADY_RELEASED, "take_id": take_id}
         if take.period != self._period():
-            return 200, {"released": False, "reason": "period_closed", "take_id": take_id}
+            return 200, {"released": False, "reason": PERIOD_CLOSED, "take_id": take_id}
         take.released = True
         counter = (take.account_id, take.metric, take.period)
         given = min(take.units, self._used.get(counter, 0))
@@ -290,8 +297,8 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
 
     def _limit(self, account: _Account, metric: str) -> tuple[int | None, str]:
         if metric in account.overrides:
-            return account.overrides[metric], "override"
-        return self.limits[metric], "plan"
+            return account.overrides[metric], OVERRIDE
+        return self.limits[metric], PLAN
 
     def _counter_json(self, account_id: str, metric: str) -> dict[str, Any]:
         period = self._period()
@@ -317,7 +324,7 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
             "id": account_id,
             "kind": account.kind,
             "plan": self.plan,
-            "subscription_status": "none",
+            "subscription_status": NO_SUBSCRIPTION,
             "deleted": account.deleted,
             "limits": limits,
         }
@@ -341,7 +348,7 @@ def _only(body: dict[str, Any], *names: str) -> None:
 
 def _account_id(value: str) -> str:
     if not ACCOUNT_ID.fullmatch(value):
-        raise _invalid({"id": ["1-128 characters of [A-Za-z0-9._:@-]"]}, "invalid account id")
+        raise _invalid({"id": [ACCOUNT_ID_RULE]}, "invalid account id")
     return value
 
 

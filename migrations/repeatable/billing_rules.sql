@@ -1,7 +1,9 @@
 -- The billing rules, each defined once. `quota-ledger migrate` applies this file after the versioned
--- migrations on every run (CREATE OR REPLACE: idempotent), so a rule changes here and nowhere else:
--- the one-statement delivery, the locked path and replays, plan sync, apply_plan and the expiry job
--- all call these functions; Python only parses the plan config and turns notes into text.
+-- migrations on every run (CREATE OR REPLACE: idempotent; service/migrate.py), so a rule changes here
+-- and nowhere else: the one-statement delivery, the locked path, transfers, replays and the expiry
+-- job all call these functions; Python parses the plan config, turns notes into text and asks. How
+-- plan limits follow a tier is quota's (quota_limits.sql), called from here. docs/design/billing.md
+-- says why the rules sit here and what they cost.
 --
 -- Only functions live here, never tables or data: a function's signature is its contract, so changing
 -- one (its arguments or result type) needs a versioned migration that drops the old one first.
@@ -105,131 +107,72 @@ RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT CASE WHEN billing_keeps_access(status) AND expires_at <= at THEN 'expired' ELSE status END
 $$;
 
--- "Plan limits follow the tier", for one account: bring the account's counter rows of the given
--- metrics in line with their plan limit, free limit and lapsed flag. Touches only rows whose
--- values differ (locked in metric order, as the reset batches lock them, so the two never
--- deadlock), never usage or the override columns, and writes one audit row per changed row with the
--- old and new values, a lapse-only change included. Returns the changes. Every statement names the
--- account, so on Citus it runs on the account's shard: a join with the targets would lock rows
--- across shards, which Citus refuses.
-CREATE OR REPLACE FUNCTION quotas_follow_account(
-    p_account_id text, p_metrics text[], p_plan_limits bigint[], p_free_limits bigint[],
-    p_lapsed boolean[], p_actor text
-) RETURNS TABLE (account_id text, metric text, old_plan_limit bigint, new_plan_limit bigint,
-                 old_free_limit bigint, new_free_limit bigint, old_lapsed boolean, new_lapsed boolean,
-                 override_set boolean, override_limit bigint)
--- SECURITY DEFINER: it appends to the audit log, which the service's role may not (migrations/0016).
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
+-- A customer keeps the first account it was linked to: link p_customer_id to p_account_id unless it
+-- is linked already. Answers the account the customer is linked to and whether this call linked it.
+-- The one definition for the delivery (billing_deliver) and customer-link events (apply.sql).
+CREATE OR REPLACE FUNCTION billing_link_customer(
+    p_provider text, p_customer_id text, p_account_id text, p_event_id text,
+    OUT linked_to text, OUT created boolean
+) LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
-    -- The rows to change, locked first (a statement of its own: Citus mishandles a locking CTE's
-    -- result); the next statement's snapshot reads them as locked.
-    PERFORM
-      FROM quotas q
-      JOIN unnest(p_metrics, p_plan_limits, p_free_limits, p_lapsed) AS t (metric, plan_limit, free_limit, lapsed)
-        ON q.metric = t.metric
-     WHERE q.account_id = p_account_id
-       AND (q.plan_limit IS DISTINCT FROM t.plan_limit OR q.free_limit IS DISTINCT FROM t.free_limit
-            OR q.lapsed <> t.lapsed)
-     ORDER BY q.metric
-       FOR UPDATE OF q;
-    RETURN QUERY
-    WITH target AS (
-        SELECT * FROM unnest(p_metrics, p_plan_limits, p_free_limits, p_lapsed)
-                      AS t (metric, plan_limit, free_limit, lapsed)
-    ), old AS (
-        SELECT q.metric, q.plan_limit, q.free_limit, q.lapsed, q.override_set, q.override_limit
-          FROM quotas q
-          JOIN target t ON q.metric = t.metric
-         WHERE q.account_id = p_account_id
-           AND (q.plan_limit IS DISTINCT FROM t.plan_limit OR q.free_limit IS DISTINCT FROM t.free_limit
-                OR q.lapsed <> t.lapsed)
-    ), changed AS (
-        UPDATE quotas q
-           SET plan_limit = t.plan_limit, free_limit = t.free_limit, lapsed = t.lapsed
-          FROM target t, old
-         WHERE q.account_id = p_account_id AND q.metric = t.metric AND old.metric = t.metric
-     RETURNING q.metric, q.plan_limit, q.free_limit, q.lapsed
-    ), audited AS (
-        INSERT INTO audit_log (actor, action, account_id, metric, old, new)
-        SELECT p_actor, 'plan_limit_changed', p_account_id, c.metric,
-               jsonb_build_object('plan_limit', o.plan_limit, 'free_limit', o.free_limit,
-                                  'lapsed', o.lapsed),
-               jsonb_build_object('plan_limit', c.plan_limit, 'free_limit', c.free_limit,
-                                  'lapsed', c.lapsed)
-          FROM changed c JOIN old o ON o.metric = c.metric
-     RETURNING 1
-    )
-    SELECT p_account_id, c.metric::text, o.plan_limit::bigint, c.plan_limit::bigint,
-           o.free_limit::bigint, c.free_limit::bigint, o.lapsed, c.lapsed,
-           o.override_set, o.override_limit::bigint
-      FROM changed c JOIN old o ON o.metric = c.metric
-     ORDER BY 2;
+    SELECT l.account_id INTO linked_to
+      FROM customer_links l
+     WHERE l.provider = p_provider AND l.customer_id = p_customer_id;
+    created := false;
+    IF linked_to IS NULL THEN
+        INSERT INTO customer_links AS l (provider, customer_id, account_id, event_id)
+        VALUES (p_provider, p_customer_id, p_account_id, p_event_id)
+        ON CONFLICT (provider, customer_id) DO NOTHING
+        RETURNING l.account_id INTO linked_to;
+        created := FOUND;
+        IF NOT created THEN  -- linked concurrently: that link stands
+            SELECT l.account_id INTO linked_to
+              FROM customer_links l
+             WHERE l.provider = p_provider AND l.customer_id = p_customer_id;
+        END IF;
+    END IF;
 END
 $$;
 
--- The same rule for many (account, metric) targets (plan sync): quotas_follow_account for each
--- account that has a row to change, in account order (so rows are locked in (account, metric)
--- order, as before). Returns the changes. Which accounts: one read without locks over all the
--- targets (on Citus, a distributed read, which may span shards): a daily sync mostly finds none,
--- and a call per account costs several times what one set-based statement did.
-CREATE OR REPLACE FUNCTION quotas_follow_targets(
-    p_account_ids text[], p_metrics text[], p_plan_limits bigint[], p_free_limits bigint[],
-    p_lapsed boolean[], p_actor text
-) RETURNS TABLE (account_id text, metric text, old_plan_limit bigint, new_plan_limit bigint,
-                 old_free_limit bigint, new_free_limit bigint, old_lapsed boolean, new_lapsed boolean,
-                 override_set boolean, override_limit bigint)
-LANGUAGE plpgsql VOLATILE AS $$
-DECLARE
-    v_account text;
-    v_metrics text[];
-    v_plan_limits bigint[];
-    v_free_limits bigint[];
-    v_lapsed boolean[];
-BEGIN
-    FOR v_account, v_metrics, v_plan_limits, v_free_limits, v_lapsed IN
-        SELECT t.a, array_agg(t.m ORDER BY t.m), array_agg(t.p ORDER BY t.m),
-               array_agg(t.f ORDER BY t.m), array_agg(t.l ORDER BY t.m)
-          FROM unnest(p_account_ids, p_metrics, p_plan_limits, p_free_limits, p_lapsed) AS t (a, m, p, f, l)
-          JOIN quotas q ON q.account_id = t.a AND q.metric = t.m
-         WHERE q.plan_limit IS DISTINCT FROM t.p OR q.free_limit IS DISTINCT FROM t.f OR q.lapsed <> t.l
-         GROUP BY t.a
-         ORDER BY t.a
-    LOOP
-        RETURN QUERY
-        SELECT * FROM quotas_follow_account(v_account, v_metrics, v_plan_limits, v_free_limits, v_lapsed,
-                                            p_actor);
-    END LOOP;
-END
-$$;
-
--- The same rule for one account whose tier or status changed (apply_plan, the one-statement
--- delivery): its targets from the plan table (PlanConfig.limit_table: every plan x every metric;
--- an unknown plan gets the free plan's limits) and the lapse rule. Returns the number of changed
--- rows. Called only when tier or status changed (see migrations/0006 for why that matters).
-CREATE OR REPLACE FUNCTION quotas_follow_plan(
-    p_account_id text, p_plan text, p_lapsed boolean, p_actor text,
-    p_free_plan text, p_plan_names text[], p_plan_metrics text[], p_plan_limits bigint[]
+-- The account follows its deciding subscription (billing_deciding_subscription): its tier becomes
+-- that subscription's plan (its own tier when that maps to no plan), its status that subscription's
+-- status, and `expired` when it has no subscription left (its last one moved away: no access, like
+-- an ended one). When tier or status change, the plan limits follow (quota_set_limits_for_plan in
+-- quota_limits.sql, audited). The one definition for every billing change: the delivery
+-- (billing_deliver), the locked path's previous owner, transfers, replays and the expiry job.
+--
+-- The caller holds the account's lock and passes its tier and status as read under it.
+-- p_without_temporary_of: a provider whose temporary grants no longer count (a real purchase's
+-- event supersedes them); NULL: all count. p_bump: move billing_version here too (billing_deliver;
+-- account_lock has moved it for the other callers). Returns the number of limit changes; NULL:
+-- tier and status unchanged (the limits are then not looked at: they cost even when they change
+-- nothing).
+CREATE OR REPLACE FUNCTION billing_set_tier(
+    p_account_id text, p_plan text, p_status text, p_without_temporary_of text, p_bump boolean,
+    p_actor text, p_free_plan text, p_plan_names text[], p_plan_metrics text[], p_plan_limits bigint[]
 ) RETURNS integer LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    changes integer;
+    v_plan text;
+    v_status text;
+    v_now timestamptz := now();  -- a value, as in billing_deliver (Citus and now(), see there)
 BEGIN
-    WITH plan_limits AS (
-        SELECT * FROM unnest(p_plan_names, p_plan_metrics, p_plan_limits) AS l (plan, metric, lim)
-    ), target AS (
-        SELECT p.metric, p.lim AS plan_limit, f.lim AS free_limit
-          FROM plan_limits p JOIN plan_limits f ON f.metric = p.metric
-         WHERE f.plan = p_free_plan
-           AND p.plan = CASE WHEN p_plan = ANY (p_plan_names) THEN p_plan ELSE p_free_plan END
-    )
-    SELECT count(*) INTO changes
-      FROM quotas_follow_account(
-               p_account_id,
-               ARRAY(SELECT metric FROM target ORDER BY metric),
-               ARRAY(SELECT plan_limit FROM target ORDER BY metric),
-               ARRAY(SELECT free_limit FROM target ORDER BY metric),
-               ARRAY(SELECT p_lapsed FROM target ORDER BY metric),
-               p_actor);
-    RETURN changes;
+    SELECT b.plan, b.status INTO v_plan, v_status
+      FROM billing_deciding_subscription(p_account_id, p_without_temporary_of, NULL, NULL, NULL, NULL,
+                                         p_without_temporary_of IS NOT NULL) b;
+    v_plan := coalesce(v_plan, p_plan);
+    v_status := coalesce(v_status, 'expired');
+    IF (v_plan, v_status) IS NOT DISTINCT FROM (p_plan, p_status) THEN
+        IF p_bump THEN
+            UPDATE accounts a SET billing_version = a.billing_version + 1 WHERE a.id = p_account_id;
+        END IF;
+        RETURN NULL;
+    END IF;
+    UPDATE accounts a
+       SET plan = v_plan, subscription_status = v_status,
+           billing_version = a.billing_version + p_bump::int, updated_at = v_now
+     WHERE a.id = p_account_id;
+    RETURN quota_set_limits_for_plan(p_account_id, v_plan, billing_is_lapsed(v_plan, v_status, p_free_plan),
+                                     p_actor, p_free_plan, p_plan_names, p_plan_metrics, p_plan_limits);
 END
 $$;
 
@@ -246,17 +189,17 @@ $$;
 -- statement after the lock sees every change to the account's subscriptions committed before it,
 -- and a concurrent delivery for the same account waits rather than decides from an old snapshot.
 -- Every statement names the account for the account tables (accounts, and quotas and audit_log in
--- quotas_follow_plan), so on Citus each is routed to the account's shard; the billing tables are
+-- billing_set_tier), so on Citus each is routed to the account's shard; the billing tables are
 -- reference tables. A statement of its own each, because Citus mishandles the intermediate results
 -- of a chain of data-modifying CTEs (README "Scaling out").
 --
--- Who picks the account (service/billing/inbox.py): the first id the event names, when it names one
+-- Who picks the account (apply.deliver_subscription): the first id the event names, when it names one
 -- (the common case), with p_resolved false: if that account exists, it is the one billing_account
 -- would pick (named ids come first); if it does not, nothing is written and the answer is
 -- `unresolved`. Otherwise billing_account picks it first, and p_resolved is true (NULL: unmatched,
--- the event is stored so). p_store false (a replay): the inbox row exists; only the outcome is said.
+-- the event is stored so). p_store false (the locked path, a replay): the inbox row is the caller's; only the outcome is said.
 -- p_locked: the caller holds the account's lock in a transaction (the locked path), so a
--- subscription may move here from another account, and the caller then recomputes `moved_from`;
+-- subscription may move here from another account, and the caller then sets `moved_from`'s tier;
 -- otherwise such a move raises serialization_failure (billing_take_locked_path), all of it rolls
 -- back, and the caller takes the locked path, which locks both accounts. So does a copy of the event
 -- stored meanwhile by a delivery that found another account (the unique index is the dedupe).
@@ -264,7 +207,7 @@ $$;
 -- The answer: the inbox row (NULL: a duplicate, or not stored), the event's status (applied,
 -- ignored, unmatched, unresolved) and note, its account, the account a subscription moved from,
 -- the number of limit changes (NULL: tier and status unchanged), and `waiting`: stored unmatched
--- events may now apply (inbox.apply_waiting), looked for only when the event opened a subscription
+-- events may now apply (delivery.apply_waiting), looked for only when the event opened a subscription
 -- or linked a customer, which is rare.
 CREATE OR REPLACE FUNCTION billing_deliver(
     p_account_id text, p_resolved boolean, p_store boolean, p_locked boolean,
@@ -283,10 +226,8 @@ DECLARE
     v_status text;
     v_prior text;           -- the subscription's owner before the event; NULL: it is new
     v_applied boolean := false;
-    v_linked_to text;       -- the account the customer was linked to before the event
-    v_best_plan text;       -- the account's deciding subscription after the event
-    v_best_status text;
-    v_new_plan text;
+    v_linked_to text;       -- the account the customer is linked to
+    v_linked_now boolean := false;  -- this event linked it
     -- The transaction's time, as a value: Citus refuses a call of now() in an upsert's SET.
     v_now timestamptz := now();
 BEGIN
@@ -376,45 +317,22 @@ BEGIN
                AND t.status <> 'expired';
         END IF;
 
-        -- A customer keeps the first account it was linked to.
         IF p_customer_id IS NOT NULL THEN
-            SELECT l.account_id INTO v_linked_to
-              FROM customer_links l
-             WHERE l.provider = p_provider AND l.customer_id = p_customer_id;
-            IF v_linked_to IS NULL THEN
-                INSERT INTO customer_links (provider, customer_id, account_id, event_id)
-                VALUES (p_provider, p_customer_id, p_account_id, p_event_id)
-                ON CONFLICT (provider, customer_id) DO NOTHING;
-            END IF;
+            SELECT l.linked_to, l.created INTO v_linked_to, v_linked_now
+              FROM billing_link_customer(p_provider, p_customer_id, p_account_id, p_event_id) l;
         END IF;
 
         -- The account follows its deciding subscription, this event's write included; its version
         -- moves whenever its subscriptions changed.
-        SELECT b.plan, b.status INTO v_best_plan, v_best_status
-          FROM billing_deciding_subscription(p_account_id, p_provider, NULL, NULL, NULL, NULL,
-                                             p_supersedes_temporary) b;
-        v_new_plan := coalesce(v_best_plan, v_plan);
-        IF (v_new_plan, v_best_status) IS DISTINCT FROM (v_plan, v_status) THEN
-            UPDATE accounts a
-               SET plan = v_new_plan, subscription_status = v_best_status,
-                   billing_version = a.billing_version + 1, updated_at = v_now
-             WHERE a.id = p_account_id;
-            -- Only then: the quota and audit writes cost even when they change nothing (0006).
-            limit_changes := quotas_follow_plan(p_account_id, v_new_plan,
-                                                billing_is_lapsed(v_new_plan, v_best_status, p_free_plan),
-                                                p_actor, p_free_plan, p_plan_names, p_plan_metrics,
-                                                p_plan_limits);
-        ELSE
-            UPDATE accounts a
-               SET billing_version = a.billing_version + 1
-             WHERE a.id = p_account_id;
-        END IF;
+        limit_changes := billing_set_tier(p_account_id, v_plan, v_status,
+                                          CASE WHEN p_supersedes_temporary THEN p_provider END, true,
+                                          p_actor, p_free_plan, p_plan_names, p_plan_metrics, p_plan_limits);
 
         status := 'applied';
         note := nullif(concat_ws('; ', p_note,
                                  'customer ' || quote_literal(p_customer_id) || ' stays linked to account '
                                  || quote_literal(nullif(v_linked_to, p_account_id))), '');
-        IF v_prior IS NULL OR (p_customer_id IS NOT NULL AND v_linked_to IS NULL) THEN
+        IF v_prior IS NULL OR v_linked_now THEN
             waiting := EXISTS (SELECT FROM webhook_events w
                                 WHERE w.status = 'unmatched' AND w.provider = p_provider
                                   AND (w.subscription_id = p_subscription_id

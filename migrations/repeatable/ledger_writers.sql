@@ -206,8 +206,8 @@ $f$;
 -- ledger_roll_over, over many rows. FOR UPDATE reads each row's latest version; a counter that a
 -- take rolled over meanwhile no longer matches `period < P` on the re-check and drops out, so usage
 -- taken in the new period is never zeroed and no counter is opened twice. Rows are locked in key
--- order, as quotas_follow_targets locks them, so the two never deadlock. A counter that held nothing
--- gets its period advanced without a ledger row. Soft-deleted accounts are left alone. Every step
+-- order, as quota_set_plan_limits_batch locks them, so the two never deadlock. A counter that held
+-- nothing gets its period advanced without a ledger row. Soft-deleted accounts are left alone. Every step
 -- names the accounts, so Citus routes each to the group's shard (tests/citus/test_cluster.py).
 CREATE OR REPLACE FUNCTION ledger_reset_group(
     p_account_ids text[], p_first_period text, p_first_account text, p_first_metric text,

@@ -1,30 +1,22 @@
-"""Apply a provider-neutral billing change to our state: subscriptions, customer links, and the
-account's plan tier and subscription status, which follow its subscriptions.
+"""The delivery's resolve and apply stages: find and lock the account a change is for, then apply
+the change to subscriptions, customer links and the account's tier and status.
 
-Only tier and status change on an account (through `accounts.apply_plan`, or billing_deliver,
-which does the same in the database); no usage counter, ledger row or override is touched here.
-Everything runs in the caller's transaction.
+Every rule is SQL's (migrations/repeatable/billing_rules.sql): which subscription decides an
+account's tier (billing_set_tier), that a customer keeps its first account (billing_link_customer),
+the ordering of events and the lapse rule (billing_deliver). Python picks the account, builds the
+parameters and turns the answer into an `Outcome`. Nothing here touches usage, the ledger or an
+override; plan limits follow the tier in quota's SQL, which billing's SQL calls. Everything runs in
+the caller's transaction, except `deliver_subscription`, which is its own.
 
-Concurrency: a subscription event is one statement, a call of the PL/pgSQL function billing_deliver
-(migrations/repeatable/billing_rules.sql), which locks the account first and then decides its tier
-and status from all its subscriptions, each of its statements with a fresh snapshot: every
-transaction that changes an account's subscriptions holds the account's row lock, so a concurrent
-delivery waits for it and then sees its change. Only a subscription that moves from another account
-(and a copy of the event stored meanwhile for another account) makes it give way: the delivery runs
-again in a transaction that locks the account (resolve_account), as replays and the rarer paths do
-(a transfer), and the previous owner is then locked and recomputed; a deadlock there is retried by
-the inbox.
-
-One shard per account (Citus, README "Scaling out"): the account is found first, by a read of the
-billing tables (find_account_for; skipped when the event names an existing account), and every
-statement that reads or writes an account's tables then names it. Several accounts are locked one
-statement each, in id order, never by one statement across shards.
+One shard per account on Citus: the account is found by a read of the billing tables, then locked
+by its id, and every statement that reads or writes an account's tables names it. Several accounts
+are locked one statement each, in id order (docs/design/billing.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import cast
 
 import psycopg
@@ -39,27 +31,50 @@ from service.billing.events import (
     SubscriptionChange,
     Transfer,
 )
-from service.billing.plans import PlanConfig, array_literal
 from service.db import Connection, Positional, Q
-from service.quota.accounts import apply_plan
+from service.plans import PlanConfig, array_literal
 
-_DELIVERY = Positional.of(Q.billing_deliver)
+_DELIVER = Positional.of(Q.billing_deliver)
 
-# An account whose last subscription moved away (RevenueCat TRANSFER) keeps its tier as the provider
-# last said, with this status: it has no access any more, like an expired subscription.
-NO_SUBSCRIPTION_STATUS = "expired"
+# billing_deliver's answer when the account it was given (the event's first named id) does not
+# exist: nothing was written; find the account (find_account) and run it again.
+UNRESOLVED = "unresolved"
 
 
 @dataclass(frozen=True, kw_only=True)
 class Outcome:
-    """What applying one event did; becomes the inbox row's status and columns."""
+    """What became of one event: its inbox status (applied, ignored, unmatched, failed) and the
+    columns its row keeps. `inbox_id`: the row the one-statement delivery stored (None: a duplicate,
+    or stored by the caller). `moved_from`: the account a subscription left. `waiting`: stored
+    unmatched events may apply now (delivery.apply_waiting)."""
 
-    status: str  # applied | ignored | unmatched | failed
+    status: str
     account_id: str | None = None
     subscription_id: str | None = None
     customer_id: str | None = None
     note: str | None = None
     error: str | None = None
+    inbox_id: int | None = None
+    moved_from: str | None = None
+    waiting: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class AccountKeys:
+    """What names the account a change is for (see the billing_account statement)."""
+
+    account_ids: tuple[str, ...]
+    subscription_id: str | None = None
+    customer_id: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class LockedAccount:
+    """An account locked for a billing change until commit, with its tier and status."""
+
+    id: str
+    plan: str
+    subscription_status: str
 
 
 def plan_for(plans: PlanConfig, keys: PlanKeys) -> str | None:
@@ -71,76 +86,70 @@ def plan_for(plans: PlanConfig, keys: PlanKeys) -> str | None:
     return None
 
 
-@dataclass(frozen=True, kw_only=True)
-class Lookup:
-    """What names the account a change is for (see the billing_account statement)."""
-
-    account_ids: tuple[str, ...]
-    subscription_id: str | None = None
-    customer_id: str | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class Resolved:
-    """The account a change is for, locked until commit, with its tier and status."""
-
-    id: str
-    plan: str
-    subscription_status: str
-
-
-def lookup(change: SubscriptionChange | CustomerLink | Transfer) -> Lookup:
+def account_keys(change: SubscriptionChange | CustomerLink | Transfer) -> AccountKeys:
     """How to find the account `change` is for."""
     match change:
-        case SubscriptionChange():
-            return Lookup(
-                account_ids=change.account_ids,
-                subscription_id=change.subscription_id,
-                customer_id=change.customer_id,
-            )
-        case CustomerLink():
-            return Lookup(
+        case SubscriptionChange() | CustomerLink():
+            return AccountKeys(
                 account_ids=change.account_ids,
                 subscription_id=change.subscription_id,
                 customer_id=change.customer_id,
             )
         case Transfer():
-            return Lookup(account_ids=change.to_ids)
+            return AccountKeys(account_ids=change.to_ids)
 
 
-def lookup_params(provider: str, keys: Lookup) -> dict[str, object]:
-    return {
+def find_account(conn: Connection, provider: str, keys: AccountKeys) -> str | None:
+    """The id of the first existing account `keys` name (the ids in order, the subscription's owner,
+    the customer's linked account, product link first), read without a lock; None: unmatched."""
+    params = {
         "provider": provider,
         "account_ids": list(keys.account_ids),
         "subscription_id": keys.subscription_id,
         "customer_id": keys.customer_id,
     }
-
-
-def find_account_for(conn: Connection, provider: str, keys: Lookup) -> str | None:
-    """The id of the first existing account `keys` name (the ids in order, the subscription's owner,
-    the customer's linked account, product link first), read without a lock; None: unmatched."""
     with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(Q.billing_account, lookup_params(provider, keys)).fetchone()
+        row = cur.execute(Q.billing_account, params).fetchone()
     return None if row is None else str(row["account_id"])
 
 
-def resolve_account(conn: Connection, provider: str, keys: Lookup) -> Resolved | None:
-    """The account `keys` name (find_account_for), locked until commit and its billing_version
-    bumped. None: unmatched. Never creates an account. Found, then locked by its id: two
-    statements, so that on Citus the lock is on the account's shard alone. What a delivery does next
-    under the lock sees every change committed before, and a subscription that moved meanwhile is
-    caught by billing_deliver itself."""
-    account_id = find_account_for(conn, provider, keys)
-    if account_id is None:
+def resolve(conn: Connection, provider: str, change: Change) -> LockedAccount | None:
+    """The account `change` is for (find_account), locked until commit and its billing_version
+    bumped; None: unmatched, or nothing to resolve (NoChange). Never creates an account. Found, then
+    locked by its id: two statements, so that on Citus the lock is on the account's shard alone."""
+    if isinstance(change, NoChange):
         return None
-    return lock_account(conn, account_id)
+    account_id = find_account(conn, provider, account_keys(change))
+    return None if account_id is None else lock_account(conn, account_id)
 
 
-def lock_account(conn: Connection, account_id: str) -> Resolved | None:
+def lock_account(conn: Connection, account_id: str) -> LockedAccount | None:
     """Lock one account for a billing change (account_lock); None: no such account."""
-    with conn.cursor(row_factory=class_row(Resolved)) as cur:
+    with conn.cursor(row_factory=class_row(LockedAccount)) as cur:
         return cur.execute(Q.account_lock, {"account_id": account_id}).fetchone()
+
+
+def lock_accounts(conn: Connection, account_ids: Iterable[str]) -> list[LockedAccount]:
+    """Lock these accounts in id order, one statement each (each on its shard on Citus; the order
+    keeps two callers from deadlocking); returns those that exist."""
+    locked = (lock_account(conn, account_id) for account_id in sorted(set(account_ids)))
+    return [account for account in locked if account is not None]
+
+
+def set_tier(conn: Connection, plans: PlanConfig, accounts: Iterable[LockedAccount], *, actor: str) -> None:
+    """Each locked account follows its deciding subscription (billing_set_tier: its tier, status
+    and, when they change, its plan limits, audited)."""
+    for account in accounts:
+        conn.execute(
+            Q.billing_set_tier,
+            {
+                "account_id": account.id,
+                "plan": account.plan,
+                "status": account.subscription_status,
+                "actor": actor,
+                **plans.limit_table,
+            },
+        )
 
 
 def apply_change(
@@ -148,12 +157,12 @@ def apply_change(
     plans: PlanConfig,
     env: Envelope,
     change: Change,
-    account: Resolved | None,
+    account: LockedAccount | None,
     *,
     actor: str,
 ) -> Outcome:
-    """Apply `change` (translated from `env`) for `account`, which the caller resolved from
-    `lookup(change)` and locked; say what happened."""
+    """Apply `change` (translated from `env`) for `account`, which the caller resolved and locked
+    (None: unmatched); say what happened. The inbox row is the caller's."""
     match change:
         case NoChange(reason=reason):
             return Outcome(status="ignored", note=reason)
@@ -165,26 +174,7 @@ def apply_change(
             return _transfer(conn, plans, env, change, account, actor=actor)
 
 
-@dataclass(frozen=True, kw_only=True)
-class Delivered:
-    """What billing_deliver did: the inbox row (None: a duplicate, or not stored, a replay),
-    the event's status and note, its account, the account a subscription moved from, and whether
-    stored unmatched events may now apply (`waiting`: see inbox.apply_waiting)."""
-
-    inbox_id: int | None
-    status: str
-    note: str | None
-    account_id: str | None
-    moved_from: str | None
-    waiting: bool = False
-
-
-# What billing_deliver answers when the account it was given as the event's first named id
-# does not exist: nothing was written or stored; find the account (find_account_for) and run again.
-UNRESOLVED = "unresolved"
-
-
-def delivery_params(
+def deliver_params(
     plans: PlanConfig,
     env: Envelope,
     change: SubscriptionChange,
@@ -196,11 +186,10 @@ def delivery_params(
     resolved: bool,
 ) -> dict[str, object]:
     """billing_deliver's parameters: store (if `store`) and apply `change` for `account_id`.
-    `resolved` says the caller found the account (find_account_for; None: unmatched); otherwise
+    `resolved` says the caller found the account (find_account; None: unmatched); otherwise
     `account_id` is the first id the event names, and status UNRESOLVED answers that no such account
-    exists (nothing written). `locked` says the caller holds the account's lock in a transaction
-    (resolve_account), so a subscription may move here, and the caller then recomputes
-    `moved_from`."""
+    exists (nothing written). `locked` says the caller holds the account's lock in a transaction, so
+    a subscription may move here, and the caller then sets the previous owner's tier."""
     plan = plan_for(plans, change.plan_keys)
     note = None
     if plan is None and change.plan_keys != PlanKeys():
@@ -222,7 +211,7 @@ def delivery_params(
         "expires_at": change.expires_at,
         "supersedes_temporary": change.supersedes_temporary,
         "note": note,
-        "unmatched_note": _unmatched_note(change.account_ids, change.customer_id),
+        "unmatched_note": unmatched_note(change.account_ids, change.customer_id),
         "actor": actor,
         "store": store,
         "locked": locked,
@@ -232,17 +221,16 @@ def delivery_params(
     }
 
 
-def deliver_subscription(conn: Connection, params: dict[str, object]) -> Delivered:
-    """Run billing_deliver with `params` (delivery_params): store and apply the change in one
-    statement. Raises psycopg's SerializationFailure when it cannot decide alone (a subscription
-    moving from another account without `locked`, a copy stored meanwhile: see the function)."""
+def billing_deliver(conn: Connection, params: dict[str, object]) -> Outcome:
+    """Run billing_deliver with `params` (deliver_params). Raises psycopg's SerializationFailure
+    when it cannot decide alone (a subscription moving from another account without `locked`, a
+    copy stored meanwhile: see the function)."""
     with psycopg.RawCursor(conn) as cur:
-        row = _DELIVERY.execute(cur, params).fetchone()
+        row = _DELIVER.execute(cur, params).fetchone()
     assert row is not None  # the statement always answers one row
-    # A plain tuple: class_row would read the column names again on every execute. limit_changes is
-    # not needed here.
+    # A plain tuple: class_row would read the column names again on every execute.
     got = cast(tuple[int | None, str, str | None, str | None, str | None, int | None, bool | None], row)
-    return Delivered(
+    return Outcome(
         inbox_id=got[0],
         status=got[1],
         note=got[2],
@@ -252,32 +240,30 @@ def deliver_subscription(conn: Connection, params: dict[str, object]) -> Deliver
     )
 
 
-def deliver_subscription_locked(
-    conn: Connection,
-    plans: PlanConfig,
-    env: Envelope,
-    change: SubscriptionChange,
-    account: Resolved | None,
-    *,
-    actor: str,
-    store: bool,
-) -> Delivered:
-    """billing_deliver for a caller that holds `account`'s lock (resolve_account; None:
-    unmatched): a subscription may move here, and its previous owner's tier and status are then
-    recomputed."""
-    params = delivery_params(
-        plans,
-        env,
-        change,
-        actor=actor,
-        store=store,
-        locked=True,
-        account_id=account.id if account else None,
-        resolved=True,
-    )
-    done = deliver_subscription(conn, params)
-    if done.moved_from is not None:
-        follow_subscriptions(conn, plans, {done.moved_from}, actor=actor)
+def deliver_subscription(
+    conn: Connection, plans: PlanConfig, env: Envelope, change: SubscriptionChange, *, actor: str
+) -> Outcome:
+    """The common case, in autocommit: store and apply a subscription event in one statement for the
+    account it names first (one round trip), else for the account find_account picks (two). Raises
+    SerializationFailure (or DeadlockDetected) when it gave way and rolled back whole: the caller
+    then takes the locked path."""
+
+    def deliver(account_id: str | None, *, resolved: bool) -> Outcome:
+        params = deliver_params(
+            plans,
+            env,
+            change,
+            actor=actor,
+            store=True,
+            locked=False,
+            account_id=account_id,
+            resolved=resolved,
+        )
+        return billing_deliver(conn, params)
+
+    done = deliver(change.account_ids[0], resolved=False) if change.account_ids else None
+    if done is None or done.status == UNRESOLVED:
+        done = deliver(find_account(conn, env.provider, account_keys(change)), resolved=True)
     return done
 
 
@@ -286,22 +272,29 @@ def _subscription(
     plans: PlanConfig,
     env: Envelope,
     change: SubscriptionChange,
-    account: Resolved | None,
+    account: LockedAccount | None,
     *,
     actor: str,
 ) -> Outcome:
-    """A replay: the caller holds the account's lock and the stored row."""
-    done = deliver_subscription_locked(conn, plans, env, change, account, actor=actor, store=False)
-    return Outcome(
-        status=done.status,
-        account_id=done.account_id,
-        subscription_id=change.subscription_id,
-        customer_id=change.customer_id,
-        note=done.note,
+    """billing_deliver on the locked path (the row is the caller's): a subscription may move here,
+    and its previous owner then follows its remaining subscriptions."""
+    params = deliver_params(
+        plans,
+        env,
+        change,
+        actor=actor,
+        store=False,
+        locked=True,
+        account_id=account.id if account else None,
+        resolved=True,
     )
+    done = billing_deliver(conn, params)
+    if done.moved_from is not None:
+        set_tier(conn, plans, lock_accounts(conn, [done.moved_from]), actor=actor)
+    return replace(done, subscription_id=change.subscription_id, customer_id=change.customer_id)
 
 
-def _link(conn: Connection, env: Envelope, change: CustomerLink, account: Resolved | None) -> Outcome:
+def _link(conn: Connection, env: Envelope, change: CustomerLink, account: LockedAccount | None) -> Outcome:
     if account is None:
         if not change.account_ids and not change.subscription_id:
             return Outcome(
@@ -314,7 +307,7 @@ def _link(conn: Connection, env: Envelope, change: CustomerLink, account: Resolv
             status="unmatched",
             subscription_id=change.subscription_id,
             customer_id=change.customer_id,
-            note=_unmatched_note(change.account_ids, change.customer_id, change.subscription_id),
+            note=unmatched_note(change.account_ids, change.customer_id, change.subscription_id),
         )
     params = {
         "provider": env.provider,
@@ -323,9 +316,9 @@ def _link(conn: Connection, env: Envelope, change: CustomerLink, account: Resolv
         "event_id": env.event_id,
     }
     with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(Q.customer_link, params).fetchone()
-    assert row is not None  # the statement answers the link, new or existing
-    linked_to, created = str(row["account_id"]), bool(row["created"])
+        row = cur.execute(Q.billing_link_customer, params).fetchone()
+    assert row is not None  # the function answers the link, new or existing
+    linked_to, created = str(row["linked_to"]), bool(row["created"])
     if linked_to != account.id:
         note = f"customer {change.customer_id!r} stays linked to account {linked_to!r}"
     elif created:
@@ -338,6 +331,7 @@ def _link(conn: Connection, env: Envelope, change: CustomerLink, account: Resolv
         subscription_id=change.subscription_id,
         customer_id=change.customer_id,
         note=note,
+        waiting=True,  # the link may let stored events find their account
     )
 
 
@@ -346,13 +340,13 @@ def _transfer(
     plans: PlanConfig,
     env: Envelope,
     change: Transfer,
-    target: Resolved | None,
+    target: LockedAccount | None,
     *,
     actor: str,
 ) -> Outcome:
     if target is None:
-        return Outcome(status="unmatched", note=_unmatched_note(change.to_ids, None))
-    lock_accounts(conn, set(change.from_ids) - {target.id})
+        return Outcome(status="unmatched", note=unmatched_note(change.to_ids, None))
+    sources = lock_accounts(conn, set(change.from_ids) - {target.id})
     params = {
         "provider": env.provider,
         "from_ids": list(change.from_ids),
@@ -369,45 +363,23 @@ def _transfer(
             note=f"no stored subscription of {list(change.from_ids)} to move; "
             "the destination's tier follows its next event",
         )
-    sources = {str(r["prior_account_id"]) for r in moved}
-    follow_subscriptions(conn, plans, {target.id, *sources}, actor=actor)
+    left = {str(r["prior_account_id"]) for r in moved}
+    set_tier(
+        conn, plans, sorted([target, *(a for a in sources if a.id in left)], key=lambda a: a.id), actor=actor
+    )
     subs = ", ".join(str(r["subscription_id"]) for r in moved)
     return Outcome(
         status="applied",
         account_id=target.id,
         subscription_id=str(moved[0]["subscription_id"]) if len(moved) == 1 else None,
-        note=f"moved {subs} from {sorted(sources)}",
+        note=f"moved {subs} from {sorted(left)}",
     )
 
 
-def follow_subscriptions(conn: Connection, plans: PlanConfig, account_ids: set[str], *, actor: str) -> None:
-    """Set each account's tier and status from its deciding subscription (an active one wins over
-    ended ones), through `apply_plan`, where they differ. Locks the accounts first (id order)."""
-    ids = sorted(account_ids)
-    accounts = lock_accounts(conn, ids)
-    with conn.cursor(row_factory=dict_row) as cur:
-        best = {r["account_id"]: r for r in cur.execute(Q.accounts_best_subscription, {"account_ids": ids})}
-    for account in accounts:
-        sub = best.get(account.id)
-        new_plan = str((sub and sub["plan"]) or account.plan)
-        new_status = str(sub["status"]) if sub else NO_SUBSCRIPTION_STATUS
-        if (new_plan, new_status) != (account.plan, account.subscription_status):
-            apply_plan(conn, plans, account_id=account.id, plan=new_plan, status=new_status, actor=actor)
-
-
-def lock_accounts(conn: Connection, account_ids: Iterable[str]) -> list[Resolved]:
-    """Lock these accounts for a billing change, in id order, as resolve_account locks one (a
-    concurrent delivery for one of them waits); returns those that exist. One statement per
-    account, each on its account's shard on Citus: the id order keeps two callers from
-    deadlocking, as one statement's ORDER BY did. (Several accounts are rare: a
-    transfer and the owner a subscription moved from.)"""
-    locked = (lock_account(conn, account_id) for account_id in sorted(set(account_ids)))
-    return [account for account in locked if account is not None]
-
-
-def _unmatched_note(
+def unmatched_note(
     account_ids: tuple[str, ...], customer_id: str | None, subscription_id: str | None = None
 ) -> str:
+    """Why an event found no account, and what will apply it."""
     named = ", ".join(repr(a) for a in account_ids) or "no account id"
     tail = f" and customer {customer_id!r} is not linked" if customer_id else ""
     if subscription_id:

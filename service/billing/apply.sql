@@ -1,4 +1,4 @@
--- Applying provider events (service/billing/apply.py): subscription state, customer links. Named parameters.
+-- The delivery's resolve and apply stages (service/billing/apply.py). Named parameters.
 
 -- name: billing_account
 -- The account an event is for, best first: the first of the ids it names that exists (in its
@@ -40,7 +40,7 @@ RETURNING id, plan, subscription_status
 -- A subscription event, whole, in one statement: billing_deliver (migrations/repeatable/
 -- billing_rules.sql) locks the account, then stores and applies the event in statements that each
 -- name the account (one shard on Citus). In autocommit this is the whole delivery, one round trip
--- and one commit. Parameters: apply.delivery_params.
+-- and one commit. Parameters: apply.deliver_params.
 SELECT inbox_id, status, note, account_id, moved_from, limit_changes, waiting
   FROM billing_deliver(
            p_account_id => %(account_id)s, p_resolved => %(resolved)s, p_store => %(store)s,
@@ -65,24 +65,16 @@ UPDATE subscriptions s
    AND s.account_id <> %(account_id)s AND s.event_at <= %(event_at)s
 RETURNING s.subscription_id, s.prior_account_id
 
--- name: accounts_best_subscription
--- Each account's deciding subscription (billing_deciding_subscription); none for an account that has
--- no subscription.
-SELECT a.id AS account_id, b.plan, b.status
-  FROM unnest(%(account_ids)s::text[]) AS a (id)
- CROSS JOIN LATERAL billing_deciding_subscription(a.id, NULL, NULL, NULL, NULL, NULL, false) b
+-- name: billing_set_tier
+-- The locked account follows its deciding subscription (billing_set_tier,
+-- migrations/repeatable/billing_rules.sql), given its tier and status as account_lock read them. A
+-- statement of its own, a function call with no table: on Citus it runs on the coordinator and its
+-- statements, which name the account, on the account's shard.
+SELECT billing_set_tier(%(account_id)s, %(plan)s, %(status)s, NULL, false, %(actor)s, %(free_plan)s,
+                        %(plan_names)s::text[], %(plan_metrics)s::text[], %(plan_limits)s::bigint[])
 
--- name: customer_link
--- A customer keeps the first account it was linked to; returns the account it is linked to, and
--- whether this made the link.
-WITH new AS (
-    INSERT INTO customer_links (provider, customer_id, account_id, event_id)
-    VALUES (%(provider)s, %(customer_id)s, %(account_id)s, %(event_id)s)
-    ON CONFLICT (provider, customer_id) DO NOTHING
-    RETURNING account_id
-)
-SELECT account_id, true AS created FROM new
-UNION ALL
-SELECT account_id, false FROM customer_links
- WHERE provider = %(provider)s AND customer_id = %(customer_id)s
-LIMIT 1
+-- name: billing_link_customer
+-- A customer keeps the first account it was linked to (billing_link_customer): the account it is
+-- linked to, and whether this made the link.
+SELECT linked_to, created
+  FROM billing_link_customer(%(provider)s, %(customer_id)s, %(account_id)s, %(event_id)s)

@@ -12,11 +12,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-# Subscription statuses a provider can give (the provider_subscription_status domain). Which of them
-# keep access, end a subscription or win a tie is decided in SQL (migrations/repeatable/).
-STATUSES = frozenset(
-    {"trialing", "active", "past_due", "unpaid", "incomplete", "paused", "canceled", "expired"}
-)
+from service.vocabulary import PROVIDER_STATUSES
+
+STATUSES = PROVIDER_STATUSES  # the subscription statuses a provider can give
 
 
 @dataclass(frozen=True, kw_only=True)

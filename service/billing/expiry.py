@@ -1,6 +1,7 @@
 """Access that ends by time: subscriptions whose end (`expires_at`: a RevenueCat purchase's
 expiration, a grace period's end, a temporary grant's 24 hours) has passed without an event saying
-so are ended here, and their accounts' tier, status and limits follow (apply_plan: audited).
+so are ended here, and their accounts follow their deciding subscription (billing_set_tier: tier,
+status and limits, audited).
 
 Run by the hourly worker task and `quota-ledger expire-access`; safe to run twice and concurrently
 with deliveries: each account is handled in its own short transaction under its row lock (the lock
@@ -16,9 +17,9 @@ from datetime import UTC, datetime
 
 from psycopg.rows import dict_row
 
-from service.billing.apply import follow_subscriptions, lock_accounts
-from service.billing.plans import PlanConfig
+from service.billing.apply import lock_accounts, set_tier
 from service.db import Connection, Q, transaction
+from service.plans import PlanConfig
 
 ACTOR = "system:expire_access"
 DEFAULT_BATCH_SIZE = 500
@@ -50,12 +51,12 @@ def end_expired(
         ended_now = 0
         for account_id in due:
             with transaction(conn):
-                lock_accounts(conn, [account_id])
+                locked = lock_accounts(conn, [account_id])
                 ended = conn.execute(
                     Q.subscriptions_end_by_time, {"account_id": account_id, "at": at}
                 ).fetchall()
                 if ended:
-                    follow_subscriptions(conn, plans, {account_id}, actor=ACTOR)
+                    set_tier(conn, plans, locked, actor=ACTOR)
             ended_now += len(ended)
             accounts += bool(ended)
         subscriptions += ended_now

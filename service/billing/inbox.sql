@@ -1,8 +1,10 @@
--- The webhook inbox (service/billing/inbox.py): every verified event kept, with its status.
+-- The webhook inbox (service/billing/inbox.py): every verified event kept, with its status, for as
+-- long as its retention says.
 
 -- name: inbox_insert
--- Dedupe and persist in one statement, for an event with nothing to apply (ignored, failed): no row
--- back means this (provider, event_id) is stored already. A concurrent copy waits on the unique
+-- Dedupe and persist in one statement: no row back means this (provider, event_id) is stored already.
+-- With its final status for an event with nothing to apply (ignored, failed); the locked path's
+-- status is provisional, and finished in the same transaction. A concurrent copy waits on the unique
 -- index until the first one commits, then gets nothing back too.
 INSERT INTO webhook_events (provider, event_id, type, occurred_at, status, error, note, payload,
                             processed_at)
@@ -52,21 +54,6 @@ SELECT id, provider, event_id, type, status, error, note, account_id, subscripti
  ORDER BY id
  LIMIT %(limit)s
 
--- name: inbox_insert_resolved
--- A customer link's or transfer's row, once its account is resolved and locked
--- (apply.resolve_account; NULL: none): dedupe and persist it (as inbox_insert), stored as `applied`
--- with its account, or `unmatched` with the ids it names; the caller corrects the row in the same
--- transaction if the outcome differs. No row back: a duplicate (a concurrent copy waits on the
--- account lock or the unique index until the first commits).
-INSERT INTO webhook_events (provider, event_id, type, occurred_at, status, account_id, subscription_id,
-                            customer_id, named_accounts, payload, processed_at)
-VALUES (%(provider)s, %(event_id)s, %(type)s, %(occurred_at)s,
-        CASE WHEN %(account_id)s::text IS NULL THEN 'unmatched' ELSE 'applied' END, %(account_id)s,
-        %(subscription_id)s, %(customer_id)s,
-        CASE WHEN %(account_id)s::text IS NULL THEN %(account_ids)s::text[] END, %(payload)s::json, now())
-ON CONFLICT (provider, event_id) DO NOTHING
-RETURNING id
-
 -- name: inbox_waiting
 -- Stored `unmatched` events that a new link may make applicable, in provider order: those of the
 -- subscription, of the customer, or naming one of the accounts (or RevenueCat aliases).
@@ -78,3 +65,54 @@ SELECT id
         OR named_accounts && %(account_ids)s::text[])
  ORDER BY occurred_at, id
  LIMIT 1000
+
+-- name: inbox_over_bound
+-- Retention: a provider's oldest unmatched events beyond its newest `keep`, at most `batch` of them,
+-- removed (docs/design/billing.md "Inbox retention"); the caller counts and logs them.
+DELETE FROM webhook_events w
+ USING (SELECT id FROM webhook_events
+         WHERE status = 'unmatched' AND provider = %(provider)s
+         ORDER BY id DESC
+        OFFSET %(keep)s LIMIT %(batch)s) o
+ WHERE w.id = o.id
+RETURNING w.provider, w.status, w.event_id
+
+-- name: inbox_purge
+-- Retention: ignored events received before `ignored_before`, and applied ones before
+-- `applied_before` (NULL: kept for ever, and not looked at), at most `batch` of each, oldest first,
+-- removed. Ignored rows are found by the webhook_events_ignored index, not by walking what is kept.
+DELETE FROM webhook_events w
+ USING ((SELECT id FROM webhook_events
+          WHERE status = 'ignored' AND received_at < %(ignored_before)s
+          ORDER BY id
+          LIMIT %(batch)s)
+        UNION ALL
+        (SELECT id FROM webhook_events
+          WHERE %(applied_before)s::timestamptz IS NOT NULL
+            AND status = 'applied' AND received_at < %(applied_before)s
+          ORDER BY id
+          LIMIT %(batch)s)) o
+ WHERE w.id = o.id
+RETURNING w.provider, w.status, w.event_id
+
+-- name: inbox_count_purged
+-- What retention removed, added to its counter (migrations/0018): nothing leaves without a trace.
+INSERT INTO webhook_events_purged AS p (provider, status, reason, events, last_event_id)
+VALUES (%(provider)s, %(status)s, %(reason)s, %(events)s, %(last_event_id)s)
+ON CONFLICT (provider, status, reason) DO UPDATE
+   SET events = p.events + EXCLUDED.events, last_event_id = EXCLUDED.last_event_id,
+       last_at = EXCLUDED.last_at  -- its default, now(): Citus takes no now() in DO UPDATE
+
+-- name: inbox_stats
+-- What the inbox keeps, per provider and status (a scan: an operator's command).
+SELECT provider::text, status::text, count(*) AS events, min(received_at) AS oldest,
+       max(received_at) AS newest, sum(pg_column_size(payload))::bigint AS payload_bytes
+  FROM webhook_events
+ GROUP BY provider, status
+ ORDER BY provider, status
+
+-- name: inbox_purged_counts
+-- What retention has removed so far, per provider, status and reason.
+SELECT provider::text, status::text, reason, events, last_event_id, last_at
+  FROM webhook_events_purged
+ ORDER BY provider, status, reason

@@ -6,14 +6,26 @@ import logging
 
 from flask import Flask
 
-from service.billing.plans import load_plans
 from service.config import Settings
 from service.db import Database
 from service.http.runtime import Runtime
+from service.plans import load_plans
 
 
 def build_app(settings: Settings | None = None) -> Flask:
-    from service.http import accounts, admin, errors, events, finance, health, inbound, metrics, webhooks
+    from service.http import (
+        accounts,
+        admin,
+        errors,
+        events,
+        finance,
+        gauges,
+        health,
+        inbound,
+        index,
+        metrics,
+        webhooks,
+    )
 
     settings = settings or Settings.from_env(serving=True)
     app = Flask("service")
@@ -24,10 +36,14 @@ def build_app(settings: Settings | None = None) -> Flask:
         settings=settings,
         db=Database(settings),
         plans=load_plans(settings.plans_file),
+        exports=Database(
+            settings, name="quota-ledger-export", min_size=0, max_size=settings.export_pool_size
+        ),
     )
     errors.init_app(app)
     metrics.init_app(app)  # first of the before_request hooks, so that every answer is timed
+    gauges.init_app(app)
     inbound.init_app(app)
-    for bp in (accounts.bp, admin.bp, finance.bp, health.bp, events.bp, webhooks.bp):
+    for bp in (accounts.bp, admin.bp, finance.bp, health.bp, events.bp, webhooks.bp, index.bp):
         app.register_blueprint(bp)
     return app

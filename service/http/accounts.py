@@ -1,19 +1,30 @@
 """Product API: accounts, takes, releases, usage (role product; admin may too).
 
-Each view's docstring holds its OpenAPI operation (read by service/http/openapi.py): the statuses it
-can answer beyond 401/403, which the document adds to every route that needs a key."""
+Each view's docstring holds its OpenAPI operation (read by service/http/openapi.py), and `@refuses`
+declares the errors it may answer, which the document lists with their statuses."""
 
 from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify
 
-from service.billing import inbox
-from service.http import schemas as s
+from service import webhooks
+from service.billing import delivery
+from service.errors import (
+    AccountDeleted,
+    CustomerAlreadyLinked,
+    IdempotencyKeyReused,
+    QuotaExhausted,
+    UnknownAccount,
+    UnknownMetric,
+    UnknownTake,
+)
 from service.http.auth import actor, require
+from service.http.errors import InvalidJson, ValidationFailed, refuses
 from service.http.metrics import RELEASES, TAKE_OUTCOMES
 from service.http.runtime import runtime
+from service.http.schemas import requests as rq
+from service.http.schemas import responses as rs
 from service.http.validation import account_id, json_body, query_args
-from service.http.webhooks import translator
 from service.quota import accounts, periods, takes, usage
 
 bp = Blueprint("accounts", __name__, url_prefix="/v1")
@@ -22,6 +33,7 @@ PRODUCT = ("product", "admin")
 
 @bp.put("/accounts/<id>")
 @require(*PRODUCT)
+@refuses(InvalidJson, ValidationFailed, CustomerAlreadyLinked, AccountDeleted)
 def put_account(id: str) -> tuple[Response, int]:
     """Create (201) or update (200) an account.
     ---
@@ -30,48 +42,52 @@ def put_account(id: str) -> tuple[Response, int]:
       responses:
         200: {description: updated, content: {application/json: {schema: Account}}}
         201: {description: created, content: {application/json: {schema: Account}}}
-        400: Error
-        409: Conflict
-        410: Error
-        422: InvalidRequest
     """
-    body = json_body(s.ACCOUNT_PUT)
+    body = json_body(rq.ACCOUNT_PUT)
     rt = runtime()
     with rt.connection() as conn:
         created = accounts.upsert_account(conn, rt.plans, account_id=account_id(id), **body)
         if created or body.get("stripe_customer_id"):
             # Provider events that arrived before the account (or its customer) was known wait
             # as unmatched; the new link applies them now, so the view below shows their effect.
-            inbox.apply_waiting(
+            delivery.apply_waiting(
                 conn,
                 rt.plans,
                 account_ids=(id,),
                 customer_id=body.get("stripe_customer_id"),
-                translate_for=translator,
+                translate_for=webhooks.translators(rt.settings.webhook_environment),
             )
         view = accounts.get_account(conn, rt.plans, account_id=id)
-    return jsonify(s.ACCOUNT.dump(view)), 201 if created else 200
+    return jsonify(rs.ACCOUNT.dump(view)), 201 if created else 200
 
 
 @bp.get("/accounts/<id>")
 @require(*PRODUCT)
+@refuses(ValidationFailed, UnknownAccount)
 def get_account(id: str) -> Response:
     """An account with its effective limits and usage.
     ---
     get:
       responses:
         200: {description: the account, content: {application/json: {schema: Account}}}
-        404: Error
-        422: InvalidRequest
     """
     rt = runtime()
     with rt.connection() as conn:
         view = accounts.get_account(conn, rt.plans, account_id=account_id(id))
-    return jsonify(s.ACCOUNT.dump(view))
+    return jsonify(rs.ACCOUNT.dump(view))
 
 
 @bp.post("/accounts/<id>/takes")
 @require(*PRODUCT)
+@refuses(
+    InvalidJson,
+    ValidationFailed,
+    UnknownMetric,
+    UnknownAccount,
+    AccountDeleted,
+    QuotaExhausted,
+    IdempotencyKeyReused,
+)
 def post_take(id: str) -> tuple[Response, int]:
     """Take units of a monthly quota, atomically.
     ---
@@ -80,13 +96,8 @@ def post_take(id: str) -> tuple[Response, int]:
       responses:
         200: {description: the original take of this idempotency key, content: {application/json: {schema: TakeResponse}}}
         201: {description: taken, content: {application/json: {schema: TakeResponse}}}
-        400: Error
-        404: Error
-        409: Conflict
-        410: Error
-        422: InvalidRequest
     """  # noqa: E501
-    body = json_body(s.TAKE_REQUEST)
+    body = json_body(rq.TAKE_REQUEST)
     rt = runtime()
     try:
         with rt.connection() as conn:
@@ -95,11 +106,12 @@ def post_take(id: str) -> tuple[Response, int]:
         TAKE_OUTCOMES.labels(getattr(e, "code", "error")).inc()
         raise
     TAKE_OUTCOMES.labels("replayed" if granted.replayed else "granted").inc()
-    return jsonify(s.TAKE.dump(granted)), 200 if granted.replayed else 201
+    return jsonify(rs.TAKE.dump(granted)), 200 if granted.replayed else 201
 
 
 @bp.post("/accounts/<id>/takes/<int:take_id>/release")
 @require(*PRODUCT)
+@refuses(ValidationFailed, UnknownTake)
 def post_account_release(id: str, take_id: int) -> Response:
     """Give a take of this account back, once: the route that names the account, which a sharded
     database routes to one shard (README "Scaling out").
@@ -107,21 +119,19 @@ def post_account_release(id: str, take_id: int) -> Response:
     post:
       responses:
         200: {description: released, or why not, content: {application/json: {schema: ReleaseResponse}}}
-        404: Error
-        422: InvalidRequest
     """
     return _release(take_id, account_id(id))
 
 
 @bp.post("/takes/<int:take_id>/release")
 @require(*PRODUCT)
+@refuses(UnknownTake)
 def post_release(take_id: int) -> Response:
     """Give a take's units back, once.
     ---
     post:
       responses:
         200: {description: released, or why not, content: {application/json: {schema: ReleaseResponse}}}
-        404: Error
     """
     return _release(take_id, None)
 
@@ -131,11 +141,12 @@ def _release(take_id: int, account: str | None) -> Response:
     with rt.connection() as conn:
         result = takes.release(conn, take_id=take_id, actor=actor(), account_id=account)
     RELEASES.labels("released" if result.released else str(result.reason)).inc()
-    return jsonify((s.RELEASED if result.released else s.NOT_RELEASED).dump(result))
+    return jsonify((rs.RELEASED if result.released else rs.NOT_RELEASED).dump(result))
 
 
 @bp.get("/accounts/<id>/usage")
 @require(*PRODUCT)
+@refuses(ValidationFailed, UnknownMetric, UnknownAccount)
 def get_usage(id: str) -> Response:
     """Units used in a period; a closed period's final value comes from the ledger.
     ---
@@ -143,12 +154,10 @@ def get_usage(id: str) -> Response:
       parameters: [{in: query, schema: UsageQuery}]
       responses:
         200: {description: usage, content: {application/json: {schema: UsageResponse}}}
-        404: Error
-        422: InvalidRequest
     """
-    args = query_args(s.USAGE_QUERY)
+    args = query_args(rq.USAGE_QUERY)
     rt = runtime()
     period = args.get("period") or periods.current_period()
     with rt.connection() as conn:
         used = usage.usage(conn, rt.plans, account_id=account_id(id), metric=args["metric"], period=period)
-    return jsonify(s.USAGE.dump({"metric": args["metric"], "period": period, "used": used}))
+    return jsonify(rs.USAGE.dump({"metric": args["metric"], "period": period, "used": used}))

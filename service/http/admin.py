@@ -7,9 +7,12 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
-from service.http import schemas as s
+from service.errors import AccountDeleted, UnknownAccount, UnknownMetric
 from service.http.auth import actor, require
+from service.http.errors import InvalidJson, ValidationFailed, refuses
 from service.http.runtime import runtime
+from service.http.schemas import requests as rq
+from service.http.schemas import responses as rs
 from service.http.validation import account_id, json_body
 from service.quota import accounts, admin, overrides, periods
 from service.quota.accounts import MetricView
@@ -19,19 +22,18 @@ bp = Blueprint("admin", __name__, url_prefix="/v1/admin")
 
 @bp.get("/accounts/<id>")
 @require("admin")
+@refuses(ValidationFailed, UnknownAccount)
 def get_account(id: str) -> Response:
     """The admin view: plan limits, overrides, the Stripe customer.
     ---
     get:
       responses:
         200: {description: the account, content: {application/json: {schema: AdminAccount}}}
-        404: Error
-        422: InvalidRequest
     """
     rt = runtime()
     with rt.connection() as conn:
         view = accounts.get_account(conn, rt.plans, account_id=account_id(id))
-    return jsonify(s.ADMIN_ACCOUNT.dump(view))
+    return jsonify(rs.ADMIN_ACCOUNT.dump(view))
 
 
 @dataclass(frozen=True)
@@ -50,11 +52,12 @@ def _after(id: str, metric: str, previous: dict[str, object] | None) -> Response
     rt = runtime()
     with rt.connection() as conn:
         view = accounts.get_account(conn, rt.plans, account_id=id)
-    return jsonify(s.OVERRIDE_CHANGE.dump(_OverrideChange(id, previous, view.by_metric[metric])))
+    return jsonify(rs.OVERRIDE_CHANGE.dump(_OverrideChange(id, previous, view.by_metric[metric])))
 
 
 @bp.put("/accounts/<id>/overrides/<metric>")
 @require("admin")
+@refuses(InvalidJson, ValidationFailed, UnknownMetric, UnknownAccount)
 def put_override(id: str, metric: str) -> Response:
     """Set a sticky override (null = unlimited), audited unless it is the value already set.
     ---
@@ -62,11 +65,8 @@ def put_override(id: str, metric: str) -> Response:
       requestBody: {required: true, content: {application/json: {schema: OverridePut}}}
       responses:
         200: {description: the metric now, content: {application/json: {schema: OverrideChange}}}
-        400: Error
-        404: Error
-        422: InvalidRequest
     """
-    body = json_body(s.OVERRIDE_PUT)
+    body = json_body(rq.OVERRIDE_PUT)
     rt = runtime()
     with rt.connection() as conn:
         previous = overrides.set_override(
@@ -77,14 +77,13 @@ def put_override(id: str, metric: str) -> Response:
 
 @bp.delete("/accounts/<id>/overrides/<metric>")
 @require("admin")
+@refuses(ValidationFailed, UnknownMetric, UnknownAccount)
 def delete_override(id: str, metric: str) -> Response:
     """Clear a sticky override, audited unless none was set.
     ---
     delete:
       responses:
         200: {description: the metric now, content: {application/json: {schema: OverrideChange}}}
-        404: Error
-        422: InvalidRequest
     """
     rt = runtime()
     with rt.connection() as conn:
@@ -96,6 +95,7 @@ def delete_override(id: str, metric: str) -> Response:
 
 @bp.post("/accounts/<id>/reset")
 @require("admin")
+@refuses(InvalidJson, ValidationFailed, UnknownMetric, UnknownAccount, AccountDeleted)
 def post_reset(id: str) -> Response:
     """Reset a counter of the current month to 0: one reset ledger row naming the key, audited.
     ---
@@ -103,12 +103,8 @@ def post_reset(id: str) -> Response:
       requestBody: {required: true, content: {application/json: {schema: ResetRequest}}}
       responses:
         200: {description: reset, content: {application/json: {schema: ResetResponse}}}
-        400: Error
-        404: Error
-        410: Error
-        422: InvalidRequest
     """
-    body = json_body(s.RESET_REQUEST)
+    body = json_body(rq.RESET_REQUEST)
     rt = runtime()
     period = periods.current_period()
     with rt.connection() as conn:
@@ -116,7 +112,7 @@ def post_reset(id: str) -> Response:
             conn, rt.plans, account_id=account_id(id), metric=body["metric"], actor=actor(), period=period
         )
     return jsonify(
-        s.RESET.dump(
+        rs.RESET.dump(
             {"account_id": id, "metric": body["metric"], "period": period, "previous": previous, "used": 0}
         )
     )
@@ -124,31 +120,29 @@ def post_reset(id: str) -> Response:
 
 @bp.delete("/accounts/<id>")
 @require("admin")
+@refuses(ValidationFailed, UnknownAccount)
 def delete_account(id: str) -> Response:
     """Soft-delete an account: takes refused (410), skipped by resets; again is the same 200.
     ---
     delete:
       responses:
         200: {description: deleted, content: {application/json: {schema: DeleteResponse}}}
-        404: Error
-        422: InvalidRequest
     """
     with runtime().connection() as conn:
         admin.soft_delete(conn, account_id=account_id(id), actor=actor())
-    return jsonify(s.DELETED.dump({"id": id, "deleted": True}))
+    return jsonify(rs.DELETED.dump({"id": id, "deleted": True}))
 
 
 @bp.post("/accounts/<id>/restore")
 @require("admin")
+@refuses(ValidationFailed, UnknownAccount)
 def restore_account(id: str) -> Response:
     """Undo a soft delete (audited); a live account is left as it is.
     ---
     post:
       responses:
         200: {description: restored, or was live, content: {application/json: {schema: RestoreResponse}}}
-        404: Error
-        422: InvalidRequest
     """
     with runtime().connection() as conn:
         restored = admin.restore(conn, account_id=account_id(id), actor=actor())
-    return jsonify(s.RESTORED.dump({"id": id, "deleted": False, "restored": restored}))
+    return jsonify(rs.RESTORED.dump({"id": id, "deleted": False, "restored": restored}))

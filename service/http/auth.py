@@ -9,9 +9,11 @@ from typing import ParamSpec, TypeVar
 
 from flask import g, request
 
+from service.http import metrics
 from service.http.errors import Forbidden, Unauthorized
 from service.http.runtime import runtime
 from service.keys import KeyOwner, hash_key, verify_key
+from service.vocabulary import Role
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -31,7 +33,9 @@ def authenticate() -> KeyOwner:
     now = time.monotonic()
     hit = _cache.get(digest)
     if hit and hit[1] > now:
+        metrics.KEY_CACHE_HIT.inc()
         return hit[0]
+    metrics.KEY_CACHE_MISS.inc()
     rt = runtime()
     with rt.connection() as conn:
         owner = verify_key(conn, key)
@@ -45,7 +49,10 @@ def authenticate() -> KeyOwner:
 
 
 def require(*roles: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """Allow only keys whose role is one of `roles`; the key's owner is `g.key`."""
+    """Allow only keys whose role is one of `roles` (each a Role: a name that is none is refused
+    when the view is defined); the key's owner is `g.key`."""
+    for role in roles:
+        Role(role)
 
     def decorate(view: Callable[P, R]) -> Callable[P, R]:
         @wraps(view)

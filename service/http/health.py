@@ -6,9 +6,9 @@ import redis
 from flask import Blueprint, Response, current_app, jsonify
 
 from service.http import metrics
-from service.http import schemas as s
 from service.http.openapi import openapi_document
-from service.http.runtime import runtime
+from service.http.runtime import Runtime, runtime
+from service.http.schemas import responses as rs
 
 bp = Blueprint("health", __name__)
 
@@ -21,7 +21,7 @@ def healthz() -> Response:
       responses:
         200: {description: alive, content: {application/json: {schema: Health}}}
     """
-    return jsonify(s.HEALTH.dump({"status": "ok"}))
+    return jsonify(rs.HEALTH.dump({"status": "ok"}))
 
 
 # /readyz answers within a second even while the database or Redis does not: an orchestrator that
@@ -32,9 +32,11 @@ _READY_BROKER_WAIT = 0.25
 
 @bp.get("/readyz")
 def readyz() -> tuple[Response, int]:
-    """Readiness: this process can serve, i.e. Postgres answers. The Celery broker (Redis) is
-    reported, but does not decide: takes, reads and webhooks do not need it, so a broker outage must
-    not take every web process out of rotation (the worker's own health check covers the broker).
+    """Readiness: this process can serve takes, i.e. its takes' pool reaches Postgres. A pool whose
+    every connection is out serving requests is ready while they keep coming back: busy is not down.
+    Exports have a pool of their own and do not decide. The Celery broker (Redis) is reported, but
+    does not decide either: takes, reads and webhooks do not need it, so a broker outage must not
+    take every web process out of rotation (the worker's own health check covers the broker).
     ---
     get:
       responses:
@@ -42,13 +44,7 @@ def readyz() -> tuple[Response, int]:
         503: {description: not ready, content: {application/json: {schema: Readiness}}}
     """
     rt = runtime()
-    checks: dict[str, str] = {}
-    try:
-        with rt.connection(timeout=_READY_DB_WAIT) as conn:
-            conn.execute("SELECT 1")
-        checks["database"] = "ok"
-    except Exception as e:
-        checks["database"] = f"error: {type(e).__name__}"
+    checks = {"database": rt.db.readiness(timeout=_READY_DB_WAIT)}
     try:
         client = redis.Redis.from_url(
             rt.settings.redis_url,
@@ -60,9 +56,15 @@ def readyz() -> tuple[Response, int]:
         checks["broker"] = "ok"
     except Exception as e:
         checks["broker"] = f"error: {type(e).__name__} (informational: the web tier serves without it)"
-    ready = checks["database"] == "ok"
-    body = s.READINESS.dump({"status": "ready" if ready else "unavailable", "checks": checks})
+    checks["exports"] = exports_check(rt)
+    ready = checks["database"].startswith("ok")
+    body = rs.READINESS.dump({"status": "ready" if ready else "unavailable", "checks": checks})
     return jsonify(body), 200 if ready else 503
+
+
+def exports_check(rt: Runtime) -> str:
+    """How many exports run (informational: they have their own pool and never hold a take's)."""
+    return f"{rt.exports_running} of {rt.exports.pool.max_size} running (informational)"
 
 
 @bp.get("/metrics")

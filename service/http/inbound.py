@@ -1,5 +1,6 @@
-"""What the app takes from a client before any view runs: path ids of ASCII digits only, no
-redirects built from the Host header, and the body-size limit for streamed bodies too."""
+"""What the app takes from a client before any view runs: path ids of ASCII digits only, no `//` in a
+path (404, never a redirect built from the Host header), and the body-size limit for streamed bodies
+too; and a connection whose request body was not read to its end is closed, saying so."""
 
 from __future__ import annotations
 
@@ -8,15 +9,16 @@ import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from flask import Flask, request
-from werkzeug.exceptions import RequestEntityTooLarge
+from flask import Flask, Response, request
+from werkzeug.exceptions import HTTPException, NotFound, RequestEntityTooLarge
 from werkzeug.routing import IntegerConverter, ValidationError
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
 MAX_BIGINT = 2**63 - 1
-_TOO_LARGE = "quota_ledger.body_too_large"
+_REFUSAL = "quota_ledger.refusal"  # the HTTPException the request is answered with, before any view
+_BODY_LEFT = "quota_ledger.body_left"  # bytes of the body were left on the connection
 _ASCII_ID = re.compile(r"[0-9]{1,19}\Z")
 
 
@@ -42,8 +44,13 @@ class AsciiInt(IntegerConverter):
         return number
 
 
-class StreamedBodyLimit:
-    """A body without Content-Length (chunked) reaches the app as a stream the server ends itself
+class Inbound:
+    """What is refused before routing, marked for the app to answer (as JSON, timed like any answer).
+
+    A path with `//` anywhere, leading included: werkzeug's router strips leading slashes, so
+    `//v1/accounts/x` would be `/v1/accounts/x`, and merge_slashes (off, below) covers only the rest.
+
+    A body without Content-Length (chunked) reaches the app as a stream the server ends itself
     (`wsgi.input_terminated`), and werkzeug reads such a stream up to MAX_CONTENT_LENGTH and silently
     drops the rest. Read it here to one byte past the limit instead, so that a longer one is refused."""
 
@@ -51,26 +58,54 @@ class StreamedBodyLimit:
         self.app, self.limit = app, limit
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        if environ.get("wsgi.input_terminated") and not environ.get("CONTENT_LENGTH"):
+        if "//" in environ.get("PATH_INFO", ""):
+            environ[_REFUSAL] = NotFound
+        elif environ.get("wsgi.input_terminated") and not environ.get("CONTENT_LENGTH"):
             body = environ["wsgi.input"].read(self.limit + 1)
             if len(body) > self.limit:
-                environ[_TOO_LARGE] = True
+                environ[_REFUSAL] = RequestEntityTooLarge
+                environ[_BODY_LEFT] = True
                 body = b""
             environ["wsgi.input"] = io.BytesIO(body)
             environ["CONTENT_LENGTH"] = str(len(body))
         return self.app(environ, start_response)
 
 
+def body_left_unread(limit: int) -> bool:
+    """Whether bytes of this request's body are still on the connection: refused for its size (over
+    `limit`), or never read by the view (an answer given before it, such as 401 or 404)."""
+    req = request._get_current_object()  # type: ignore[attr-defined]  # one proxy lookup, not four
+    if req.environ.get(_BODY_LEFT):
+        return True
+    length = req.content_length
+    if not length:
+        return False
+    if length > limit:
+        return True  # refused unread (413); asking for the stream would raise again
+    return bool(req.stream.tell() < length)  # what the view read of it
+
+
 def init_app(app: Flask) -> None:
     """Call before any route is registered: the URL map's settings apply to rules as they are added."""
     app.url_map.converters["int"] = AsciiInt
     # Werkzeug would answer "//" in a path with a redirect to an absolute URL built from the Host
-    # header; a path like that names no route here, so it is a 404.
+    # header; a path like that names no route here, so it is a 404 (Inbound refuses a leading one).
     app.url_map.merge_slashes = False
     limit = app.config["MAX_CONTENT_LENGTH"]
-    app.wsgi_app = StreamedBodyLimit(app.wsgi_app, limit)  # type: ignore[method-assign]
+    app.wsgi_app = Inbound(app.wsgi_app, limit)  # type: ignore[method-assign]
 
     @app.before_request
-    def _refuse_too_large() -> None:
-        if request.environ.get(_TOO_LARGE):
-            raise RequestEntityTooLarge()
+    def _refuse() -> None:
+        refusal: type[HTTPException] | None = request.environ.get(_REFUSAL)
+        if refusal is not None:
+            raise refusal()
+
+    @app.after_request
+    def _close_if_body_left(resp: Response) -> Response:
+        # Bytes of the body left on the connection come before the client's next request; gunicorn
+        # drains at most 64 kB of them, else closes the connection. Say so, so that a keep-alive
+        # client opens a new connection instead of failing its next request (service/serve.py makes
+        # gunicorn honour it).
+        if body_left_unread(limit):
+            resp.headers["Connection"] = "close"
+        return resp

@@ -50,6 +50,12 @@ WEBHOOKS = Counter(
     "customer link or transfer); duplicates have status duplicate",
     ["provider", "status", "path"],
 )
+KEY_CACHE = Counter(
+    "quota_key_cache_lookups_total",
+    "API key lookups by result: hit (this process's cache) or miss (a database query)",
+    ["result"],
+)
+KEY_CACHE_HIT, KEY_CACHE_MISS = KEY_CACHE.labels("hit"), KEY_CACHE.labels("miss")
 REQUEST_SECONDS = Histogram(
     "http_request_duration_seconds",
     "Request latency by route and status",
@@ -71,7 +77,10 @@ def render() -> Response:
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
     else:
         registry = REGISTRY
-    return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
+    from service.http import gauges
+
+    read_now = gauges.exposition()  # first: it also samples this process's pool into the registry
+    return Response(generate_latest(registry) + read_now, mimetype=CONTENT_TYPE_LATEST)
 
 
 def init_app(app: Flask) -> None:

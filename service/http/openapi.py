@@ -1,11 +1,12 @@
 """The OpenAPI document, assembled here and only here, from the app's routes and the marshmallow
-schemas (service/http/schemas.py), by apispec with its Flask plugin.
+schemas (service/http/schemas/), by apispec with its Flask plugin.
 
 Each view's docstring holds its operation in YAML after `---`: request body, query parameters and
-the statuses it answers itself. What the routes already say is added here rather than written in
+the answers that are not refusals. What the routes already say is added here rather than written in
 every docstring: the path parameters (from the URL rule's arguments), the key a route requires (from
-`@require`: security, 401 and 403), and the summary (the docstring's first line). Metric names are
-the plan config's, so the document is built per app, once, on first request.
+`@require`: security, 401 and 403), the refusals it declares (`@refuses`: each status with its codes
+and their meaning), and the summary (the docstring's first line). Metric names are the plan
+config's, so the document is built per app, once, on first request.
 """
 
 from __future__ import annotations
@@ -17,11 +18,15 @@ from apispec.ext.marshmallow import MarshmallowPlugin
 from apispec.ext.marshmallow.openapi import OpenAPIConverter
 from apispec_webframeworks.flask import FlaskPlugin
 from flask import Flask
-from marshmallow import fields
+from marshmallow import Schema, fields
 
-from service.http import schemas as s
+from service.errors import IdempotencyKeyReused, QuotaExhausted
+from service.http.errors import EVERY_ROUTE, Forbidden, NotFound, Refusal, Unauthorized, ValidationFailed
 from service.http.inbound import MAX_BIGINT
 from service.http.runtime import Runtime
+from service.http.schemas import responses as rs
+from service.http.schemas.fields import Metric, Text
+from service.vocabulary import ACCOUNT_ID_PATTERN
 
 ROW_ID = {"type": "integer", "minimum": 0, "maximum": MAX_BIGINT}
 
@@ -29,38 +34,72 @@ ROW_ID = {"type": "integer", "minimum": 0, "maximum": MAX_BIGINT}
 def _path_parameters(metrics: list[str]) -> dict[str, dict[str, Any]]:
     """The schema of each URL rule argument, by name (every route names its ids alike)."""
     return {
-        "id": {"type": "string", "pattern": s.ACCOUNT_ID.regex.pattern},
+        "id": {"type": "string", "pattern": ACCOUNT_ID_PATTERN},
         "metric": {"type": "string", "enum": metrics},
         "take_id": ROW_ID,
         "inbox_id": ROW_ID,
     }
 
 
-ERROR_RESPONSES = {
-    "Error": ("refused; `error` is the code", s.Error),
-    "InvalidRequest": ("validation_failed (with `fields`), unknown_metric or invalid_json", s.InvalidRequest),
-    "Conflict": ("quota_exhausted, idempotency_key_reused or customer_already_linked", s.Conflict),
+# The refusals whose body carries more than `error` and `message`; the others answer rs.Error.
+BODIES: dict[Refusal, type[Schema]] = {
+    ValidationFailed: rs.InvalidRequest,  # `fields`
+    QuotaExhausted: rs.Conflict,  # the counter as it stood
+    IdempotencyKeyReused: rs.Conflict,  # the earlier take
 }
 
 
+def _refusal_responses(refusals: list[Refusal]) -> dict[int, dict[str, Any]]:
+    """One response per status: its codes (an enum, so a client and schemathesis can hold the
+    service to them) and what each means (the error's docstring)."""
+    by_status: dict[int, list[Refusal]] = {}
+    for r in refusals:
+        if r not in by_status.setdefault(r.status, []):
+            by_status[r.status].append(r)
+    responses = {}
+    for status, group in sorted(by_status.items()):
+        body = next((BODIES[r] for r in group if r in BODIES), rs.Error)  # they extend Error
+        lines = [f"`{r.code}`: {' '.join((r.__doc__ or '').split())}" for r in group]
+        codes = sorted({r.code for r in group})
+        responses[status] = {
+            "description": "\n".join(lines if len(lines) == 1 else [f"- {line}" for line in lines]),
+            "content": {
+                "application/json": {
+                    "schema": {"allOf": [body, {"type": "object", "properties": {"error": {"enum": codes}}}]}
+                }
+            },
+        }
+    return responses
+
+
 class _RoutePlugin(BasePlugin):
-    """What every operation takes from its view: summary, and the role `@require` asks for."""
+    """What every operation takes from its view: summary, the role `@require` asks for, and the
+    refusals it declares (`@refuses`), with every route's."""
 
     def operation_helper(
         self, path: str | None = None, operations: dict[str, Any] | None = None, **kwargs: Any
     ) -> None:
         view = kwargs["view"]
         roles: tuple[str, ...] | None = getattr(view, "roles", None)
+        refusals: list[Refusal] = list(getattr(view, "refuses", ()))
+        if "{" in (path or ""):
+            refusals.append(NotFound)  # a path argument that no rule accepts names no route
+        if roles:
+            refusals += [Unauthorized, Forbidden]
+        refusals += EVERY_ROUTE
         summary = (view.__doc__ or "").strip().splitlines()[0]
         for op in (operations or {}).values():
             op.setdefault("summary", summary)
             if roles:
                 op["description"] = f"Role: {' or '.join(roles)}."
                 op["security"] = [{"apiKey": []}]
-                op["responses"].setdefault(401, "Error")
-                op["responses"].setdefault(403, "Error")
             else:
                 op.setdefault("security", [])
+            for status, response in _refusal_responses(refusals).items():
+                if status in op["responses"]:
+                    raise ValueError(f"{path}: {status} is answered by a refusal; declare it with @refuses")
+                op["responses"][status] = response
+            op["responses"] = dict(sorted(op["responses"].items(), key=lambda item: int(item[0])))
 
 
 def _field_rules(metrics: list[str]) -> Any:
@@ -69,9 +108,9 @@ def _field_rules(metrics: list[str]) -> Any:
 
     def field_rules(self: OpenAPIConverter, field: fields.Field[Any], **kwargs: Any) -> dict[str, Any]:
         rules: dict[str, Any] = {}
-        if isinstance(field, s.Text):
+        if isinstance(field, Text):
             rules["pattern"] = "^[^\\u0000]*$"
-        if isinstance(field, s.Metric):
+        if isinstance(field, Metric):
             rules["enum"] = metrics
         return rules
 
@@ -95,10 +134,6 @@ def build(app: Flask) -> dict[str, Any]:
     spec.components.security_scheme(
         "revenuecatAuthorization", {"type": "apiKey", "in": "header", "name": "Authorization"}
     )
-    for name, (description, schema) in ERROR_RESPONSES.items():
-        spec.components.response(
-            name, {"description": description, "content": {"application/json": {"schema": schema}}}
-        )
     by_name = _path_parameters(metrics)
     for rule in sorted(app.url_map.iter_rules(), key=lambda r: r.rule):
         if rule.endpoint == "static":

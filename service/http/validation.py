@@ -9,7 +9,8 @@ from flask import request
 from marshmallow import Schema, ValidationError
 
 from service.http.errors import InvalidJson, ValidationFailed
-from service.http.schemas import ACCOUNT_ID, ACCOUNT_ID_RULE
+from service.http.schemas.fields import ACCOUNT_ID
+from service.vocabulary import ACCOUNT_ID_RULE
 
 
 def json_body(schema: Schema) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Webhook endpoints: verify with the provider's adapter, then store and apply in the billing inbox.
+"""Webhook endpoints: verify with the provider's adapter, then the delivery pipeline stores and applies.
 
 Refusals (bad signature or auth, malformed body) are answered before anything is stored. A verified
 event always gets a 200 once it is stored, whatever became of it: the body says its status.
@@ -9,22 +9,32 @@ from __future__ import annotations
 import psycopg
 from flask import Blueprint, Response, jsonify, request
 
-from service import errors
-from service.billing import inbox
-from service.billing.events import Change, Envelope, NoChange
-from service.http import schemas as s
+from service import errors, webhooks
+from service.billing import delivery
+from service.billing.events import Envelope
+from service.errors import InvalidSignature, MalformedWebhook, WebhooksNotConfigured, WebhookUnauthorized
+from service.http.errors import refuses
 from service.http.metrics import WEBHOOKS
 from service.http.runtime import runtime
+from service.http.schemas import responses as rs
 from service.webhooks import revenuecat, stripe
 
 bp = Blueprint("webhooks", __name__, url_prefix="/webhooks")
 
 
-def _receive(env: Envelope, *, allowed: bool, translate: inbox.Translate) -> Response:
+def _receive(env: Envelope, *, allowed: bool) -> Response:
     rt = runtime()
+    translate = webhooks.translators(rt.settings.webhook_environment)(env.provider)
     with rt.connection() as conn:
         try:
-            receipt = inbox.receive(conn, rt.plans, env, allowed=allowed, translate=translate)
+            receipt = delivery.receive(
+                conn,
+                rt.plans,
+                env,
+                allowed=allowed,
+                translate=translate,
+                unmatched_limit=rt.settings.inbox_unmatched_limit,
+            )
         except psycopg.DataError:
             # e.g. a NUL in the event id or type, which text refuses: nothing was stored
             raise errors.MalformedWebhook("the body holds JSON the database cannot store") from None
@@ -34,13 +44,14 @@ def _receive(env: Envelope, *, allowed: bool, translate: inbox.Translate) -> Res
         "locked" if receipt.locked else "one_statement",
     ).inc()
     return jsonify(
-        s.WEBHOOK_RECEIPT.dump(
+        rs.WEBHOOK_RECEIPT.dump(
             {"received": True, "id": receipt.id, "status": receipt.status, "duplicate": receipt.duplicate}
         )
     )
 
 
 @bp.post("/stripe")
+@refuses(InvalidSignature, MalformedWebhook, WebhooksNotConfigured)
 def stripe_webhook() -> Response:
     """A Stripe event: verified, stored, applied.
     ---
@@ -54,17 +65,16 @@ def stripe_webhook() -> Response:
       requestBody: {required: true, content: {application/json: {schema: StripeEvent}}}
       responses:
         200: {description: stored (applied, ignored, unmatched or failed) or a duplicate, content: {application/json: {schema: WebhookReceipt}}}
-        400: Error
-        503: Error
     """  # noqa: E501
     settings = runtime().settings
     env = stripe.verify(
         request.get_data(), request.headers.get("Stripe-Signature"), settings.stripe_webhook_secrets
     )
-    return _receive(env, allowed=env.type in stripe.ALLOWED_TYPES, translate=translator(stripe.PROVIDER))
+    return _receive(env, allowed=env.type in stripe.ALLOWED_TYPES)
 
 
 @bp.post("/revenuecat")
+@refuses(WebhookUnauthorized, MalformedWebhook, WebhooksNotConfigured)
 def revenuecat_webhook() -> Response:
     """A RevenueCat event: authenticated, stored, applied.
     ---
@@ -73,41 +83,8 @@ def revenuecat_webhook() -> Response:
       requestBody: {required: true, content: {application/json: {schema: RevenueCatDelivery}}}
       responses:
         200: {description: stored (applied, ignored, unmatched or failed) or a duplicate, content: {application/json: {schema: WebhookReceipt}}}
-        400: Error
-        401: Error
-        503: Error
     """  # noqa: E501
     settings = runtime().settings
     revenuecat.authenticate(request.headers.get("Authorization"), settings.revenuecat_webhook_auth)
     env = revenuecat.parse(request.get_data())
-    return _receive(
-        env, allowed=env.type in revenuecat.ALLOWED_TYPES, translate=translator(revenuecat.PROVIDER)
-    )
-
-
-ADAPTERS = {
-    stripe.PROVIDER: (stripe.translate, stripe.environment),
-    revenuecat.PROVIDER: (revenuecat.translate, revenuecat.environment),
-}
-
-
-def translator(provider: str) -> inbox.Translate:
-    """The adapter's translation for `provider`, for deliveries and replays alike. With
-    WEBHOOK_ENVIRONMENT set, an event of the other provider environment (or of none it names) changes
-    nothing: it is stored as ignored, with a note, so that a sandbox purchase never upgrades a
-    production account. A replay after the setting changes applies it."""
-    translate, environment_of = ADAPTERS[provider]
-    wanted = runtime().settings.webhook_environment
-    if wanted is None:
-        return translate
-
-    def in_environment(env: Envelope) -> Change:
-        got = environment_of(env.data)
-        if got != wanted:
-            return NoChange(
-                reason=f"a {got or 'unknown-environment'} event; this deployment applies {wanted} "
-                "events only (WEBHOOK_ENVIRONMENT)"
-            )
-        return translate(env)
-
-    return in_environment
+    return _receive(env, allowed=env.type in revenuecat.ALLOWED_TYPES)

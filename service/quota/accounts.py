@@ -1,16 +1,16 @@
-"""Accounts and their stored plan limits: creation, plan/status changes, views."""
+"""Accounts and their stored plan limits: creation and views. A tier or status change is billing's
+(billing_set_tier, migrations/repeatable/billing_rules.sql), and the limits follow it in quota's SQL
+(migrations/repeatable/quota_limits.sql)."""
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 
-import psycopg
 from psycopg.rows import class_row, dict_row
 
-from service.billing.plans import PlanConfig
 from service.db import Connection, Q, transaction
 from service.errors import AccountDeleted, CustomerAlreadyLinked, UnknownAccount, UnknownMetric
+from service.plans import PlanConfig
 from service.quota import periods
 
 
@@ -177,22 +177,3 @@ def get_account(
         with conn.cursor(row_factory=class_row(MetricView)) as cur:
             limits = cur.execute(Q.account_quotas, params).fetchall()
     return AccountView(**vars(acct), limits=limits)
-
-
-def apply_plan(
-    conn: Connection, plans: PlanConfig, *, account_id: str, plan: str, status: str, actor: str
-) -> int:
-    """Set the account's plan tier and subscription status and bring its stored plan limits in line
-    (an audit row per changed counter, a lapse-only change included); returns the number of counters
-    changed. Never touches usage, the ledger or overrides. In the caller's transaction if there is
-    one, else in one of its own: two statements, so that on Citus each runs on the account's shard
-    (see apply_plan_limits)."""
-    params = {"account_id": account_id, "plan": plan, "status": status, "actor": actor, **plans.limit_table}
-    # A savepoint inside the caller's transaction would cost two round trips and protect nothing.
-    idle = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-    with transaction(conn) if idle else nullcontext(), conn.cursor(row_factory=dict_row) as cur:
-        if cur.execute(Q.apply_plan, params).fetchone() is None:
-            raise UnknownAccount(f"unknown account {account_id!r}")
-        row = cur.execute(Q.apply_plan_limits, params).fetchone()
-    assert row is not None  # a function call answers one row
-    return int(row["limit_changes"])

@@ -56,23 +56,3 @@ SELECT metric, lim AS "limit", limit_source,
   FROM quotas
  WHERE account_id = %(account_id)s AND metric = ANY(%(metrics)s)
  ORDER BY metric
-
--- name: apply_plan
--- Sets an account's plan tier and subscription status. `id` back: the account exists.
-UPDATE accounts
-   SET plan = %(plan)s, subscription_status = %(status)s, updated_at = now()
- WHERE id = %(account_id)s
-RETURNING id
-
--- name: apply_plan_limits
--- The account's stored plan limits (and lapsed flag, billing_is_lapsed) brought in line with the
--- tier and status apply_plan set, through quotas_follow_plan (migrations/repeatable/billing_rules.sql:
--- only rows whose values differ, never the override columns, an audit row per changed row). A
--- statement of its own, a function call with no table: on Citus it runs on the coordinator, and the
--- function's statements, which name the account, each on the account's shard. (Called inside
--- apply_plan's UPDATE, Citus would push the call to the shard's node with the UPDATE, where it may
--- not run distributed statements.)
-SELECT quotas_follow_plan(%(account_id)s, %(plan)s,
-                          billing_is_lapsed(%(plan)s, %(status)s, %(free_plan)s), %(actor)s, %(free_plan)s,
-                          %(plan_names)s::text[], %(plan_metrics)s::text[], %(plan_limits)s::bigint[])
-           AS limit_changes

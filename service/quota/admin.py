@@ -6,9 +6,9 @@ from __future__ import annotations
 from psycopg.rows import dict_row
 
 from service import audit
-from service.billing.plans import PlanConfig
 from service.db import Connection, Q, transaction
 from service.errors import AccountDeleted
+from service.plans import PlanConfig
 from service.quota import periods
 from service.quota.accounts import ensure_quotas, find_account, require_metric
 from service.quota.takes import roll_over

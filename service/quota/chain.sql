@@ -1,27 +1,34 @@
 -- The ledger's hash chain, read for verification (service/quota/chain.py). Writers chain in their
 -- own statements (takes.sql, admin.sql, reset.sql) through ledger_hash() (migrations/0009).
 
--- name: chain_walk_upto
--- Where the whole-ledger walk's next page ends: the last of the next %(accounts)s account ids after
--- %(after)s; no row once fewer are left (the last page then runs to the ledger's end, so that rows of
--- an account id that accounts does not hold are walked too). Pages by account range, so that on Citus the
--- coordinator holds one page of rows at a time rather than gathering the whole ledger before the walk
--- starts: each shard answers this from its accounts' primary key, and the page's rows come from the
+-- name: chain_walk_next
+-- Where the whole-ledger walk's next page starts: the account id %(accounts)s accounts after
+-- %(start)s; no row once fewer are left (the last page then runs to the ledger's end). Pages are
+-- half-open ranges of account ids, [start, next), the first starting at '' and the last open, so
+-- that they cover every account id the ledger may hold, whether `accounts` holds it or not ('' and
+-- ids past the last account included). Paged by account range so that on Citus the coordinator
+-- holds one page of rows at a time rather than gathering the whole ledger before the walk starts:
+-- each shard answers this from its accounts' primary key, and the page's rows come from the
 -- ledger's (account_id, metric, seq) index on each shard.
-SELECT max(id) AS upto
-  FROM (SELECT id FROM accounts WHERE id > %(after)s ORDER BY id LIMIT %(accounts)s) AS a
-HAVING count(*) = %(accounts)s
+SELECT id AS next FROM accounts WHERE id >= %(start)s ORDER BY id OFFSET %(accounts)s LIMIT 1
 
 -- name: chain_walk
--- One page of rows to check: the accounts after %(after)s up to %(upto)s (NULL: to the end), or one
--- account; each counter's rows in chain order (seq, migrations/0015). A page holds whole accounts,
--- and the walk keeps one head per metric of the current account.
+-- One page of rows to check: the account ids in [start, next) (next NULL: to the end), or one
+-- account; each counter's rows in chain order (seq, migrations/0015). A page holds whole accounts.
 SELECT id, at, seq, account_id, metric, period, kind, units, used_after, lim, take_id, idempotency_key,
        actor, prev_hash, hash, false AS anchor
   FROM ledger
  WHERE (%(account_id)s::text IS NULL OR account_id = %(account_id)s)
-   AND account_id > %(after)s AND (%(upto)s::text IS NULL OR account_id <= %(upto)s)
+   AND account_id >= %(start)s AND (%(next)s::text IS NULL OR account_id < %(next)s)
  ORDER BY account_id, metric, seq
+
+-- name: chain_page_heads
+-- The heads (quotas.chain_*) of one page's counters, compared in Python with the last row the walk
+-- found for each: a counter of the ledger with no head, or a head with no rows, shows there too.
+SELECT account_id, metric, chain_id, chain_seq, chain_hash
+  FROM quotas
+ WHERE (%(account_id)s::text IS NULL OR account_id = %(account_id)s)
+   AND account_id >= %(start)s AND (%(next)s::text IS NULL OR account_id < %(next)s)
 
 -- name: chain_walk_since
 -- Each counter's chain from its first row (in seq) with id >= `since` to its head, every row of it
@@ -49,8 +56,8 @@ SELECT a.id, a.at, a.seq, a.account_id, a.metric, a.period, a.kind, a.units, a.u
  ORDER BY account_id, metric, seq
 
 -- name: chain_heads
--- Counters whose head (quotas.chain_*) is not their last ledger row in chain order: rows removed
--- from the end of a chain, or a head rewritten.
+-- With `since`: counters whose head (quotas.chain_*) is not their last ledger row in chain order
+-- (rows removed from the end of a chain, or a head rewritten), every counter's, walked or not.
 SELECT q.account_id, q.metric, q.chain_id, q.chain_seq, q.chain_hash, l.id AS last_id, l.seq AS last_seq,
        l.hash AS last_hash
   FROM quotas q
@@ -63,3 +70,13 @@ SELECT q.account_id, q.metric, q.chain_id, q.chain_seq, q.chain_hash, l.id AS la
    AND (q.chain_id IS DISTINCT FROM l.id OR q.chain_hash IS DISTINCT FROM l.hash
         OR q.chain_seq IS DISTINCT FROM coalesce(l.seq, 0))
  ORDER BY q.account_id, q.metric
+
+-- name: chain_headless_since
+-- With `since`: the counters written since that have no head (no quotas row), so that no chain
+-- outside the service's counters passes unseen. Read from the rows since only (the ledger_id index).
+SELECT l.account_id, l.metric, count(*) AS rows, max(l.seq) AS last_seq
+  FROM ledger l
+ WHERE l.id >= %(since)s AND (%(account_id)s::text IS NULL OR l.account_id = %(account_id)s)
+   AND NOT EXISTS (SELECT FROM quotas q WHERE q.account_id = l.account_id AND q.metric = l.metric)
+ GROUP BY l.account_id, l.metric
+ ORDER BY l.account_id, l.metric

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -80,9 +80,15 @@ def page(
         ).fetchall()
 
 
-def period_rows(conn: Connection, *, period: str, batch: int = 5000) -> Iterator[LedgerEntry]:
-    """Every row of `period`, streamed through a server-side cursor (constant memory)."""
+def period_rows(
+    conn: Connection, *, period: str, batch: int = 5000, idle_timeout: float | None = None
+) -> Generator[LedgerEntry, None, None]:
+    """Every row of `period`, streamed through a server-side cursor (constant memory). With
+    `idle_timeout` (seconds), PostgreSQL ends the export's transaction once it waits that long for
+    its reader between two batches (idle_in_transaction_session_timeout, for this transaction only)."""
     with transaction(conn), conn.cursor(name="ledger_export", row_factory=class_row(LedgerEntry)) as cur:
+        if idle_timeout is not None:
+            conn.execute(Q.export_idle_timeout, {"ms": str(max(int(idle_timeout * 1000), 1))})
         cur.itersize = batch
         cur.execute(Q.ledger_period_rows, {"period": period})
         yield from cur

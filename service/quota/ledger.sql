@@ -24,6 +24,11 @@ SELECT id, at, account_id, metric, period, kind, units, used_after, lim, take_id
  WHERE period = %(period)s
  ORDER BY account_id, metric, seq
 
+-- name: export_idle_timeout
+-- SET LOCAL as a function, so that it takes a parameter: the setting ends with the transaction (also
+-- behind a transaction pooler, where a session SET would outlive it on a shared server connection).
+SELECT set_config('idle_in_transaction_session_timeout', %(ms)s, true)
+
 -- name: reconciliation
 -- Counter vs ledger for one period. For each counter: used must equal Σtake − Σrelease over the
 -- period's rows after its latest reset row, and the last row's used_after must equal that sum too

@@ -6,9 +6,9 @@ from __future__ import annotations
 from psycopg.rows import dict_row
 
 from service import audit
-from service.billing.plans import PlanConfig
 from service.db import Connection, Q, transaction
 from service.errors import UnknownAccount
+from service.plans import PlanConfig
 from service.quota.accounts import ensure_quotas, require_metric
 
 

@@ -1,6 +1,7 @@
 """Plan sync: bring every account's stored plan limits in line with the plan config.
 
-The set-based, batched form of the limit part of `accounts.apply_plan`, with the same guarantees:
+The set-based, batched form of what a billing tier change does to limits (quota_set_limits_for_plan,
+migrations/repeatable/quota_limits.sql), with the same guarantees:
 only rows whose stored plan limit, free limit or lapsed flag differ are written, each change gets
 an audit row with old and new values, and the override columns are never written (overrides are
 the admin API's).
@@ -27,8 +28,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import class_row, dict_row
 
-from service.billing.plans import Limit, PlanConfig
 from service.db import Connection, Q, transaction, try_advisory_xact_lock
+from service.plans import Limit, PlanConfig
 from service.quota import periods
 
 log = logging.getLogger(__name__)

@@ -69,13 +69,13 @@ ON CONFLICT (account_id, metric) DO NOTHING
 RETURNING account_id, metric, plan_limit, free_limit, lapsed
 
 -- name: plan_sync_apply
--- "Plan limits follow the tier" for a batch of accounts: quotas_follow_targets
--- (migrations/repeatable/billing_rules.sql), the one definition that apply_plan and webhook
--- deliveries reach through quotas_follow_plan. Kept set-based rather than a call per account: a
+-- "Plan limits follow the tier" for a batch of accounts: quota_set_plan_limits_batch
+-- (migrations/repeatable/quota_limits.sql), the one definition that billing changes
+-- reach through quota_set_limits_for_plan. Kept set-based rather than a call per account: a
 -- sync touches every account in batches. The targets are one group's accounts, all on one shard;
 -- on Citus the function's row locks are routed there only once it names them by account
 -- (README "Scaling out", "Not yet on Citus").
 SELECT account_id, metric, false AS created, old_plan_limit, new_plan_limit, old_free_limit,
        new_free_limit, old_lapsed, new_lapsed, override_set, override_limit
-  FROM quotas_follow_targets(%(account_ids)s::text[], %(metrics)s::text[], %(plan_limits)s::bigint[],
-                             %(free_limits)s::bigint[], %(lapsed)s::boolean[], %(actor)s)
+  FROM quota_set_plan_limits_batch(%(account_ids)s::text[], %(metrics)s::text[], %(plan_limits)s::bigint[],
+                                   %(free_limits)s::bigint[], %(lapsed)s::boolean[], %(actor)s)

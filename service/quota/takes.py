@@ -8,7 +8,6 @@ from dataclasses import dataclass, replace
 import psycopg
 from psycopg.rows import class_row, dict_row
 
-from service.billing.plans import PlanConfig
 from service.db import Connection, Q
 from service.errors import (
     AccountDeleted,
@@ -17,6 +16,7 @@ from service.errors import (
     UnknownAccount,
     UnknownTake,
 )
+from service.plans import PlanConfig
 from service.quota import periods
 from service.quota.accounts import ensure_quotas, require_metric
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from psycopg.rows import dict_row
 
-from service.billing.plans import PlanConfig
 from service.db import Connection, Q
+from service.plans import PlanConfig
 from service.quota import periods
 from service.quota.accounts import find_account, require_metric
 

@@ -21,6 +21,7 @@ CLUSTER_SUITE = (
     "tests/db/test_rollover.py",
     "tests/db/test_append_only.py",
     "tests/db/test_chain.py",
+    "tests/db/test_checkpoint.py",
     "tests/db/test_ledger_writers.py",
     "tests/http/test_takes.py",
     "tests/http/test_release_route.py",
@@ -35,6 +36,7 @@ CLUSTER_SUITE = (
     "tests/webhooks/test_one_statement.py",
     "tests/webhooks/test_concurrency.py",
     "tests/webhooks/test_isolation.py",
+    "tests/webhooks/test_retention.py",
 )
 
 # What of CLUSTER_SUITE does not hold on the cluster yet, and why (README "Scaling out", "Not yet on

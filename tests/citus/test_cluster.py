@@ -13,11 +13,11 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from service.billing.apply import deliver_subscription, delivery_params
+from service.billing.apply import billing_deliver, deliver_params
 from service.billing.events import Envelope, PlanKeys, SubscriptionChange
-from service.billing.plans import PlanConfig
 from service.db import Q
 from service.errors import QuotaExhausted
+from service.plans import PlanConfig
 from service.quota import chain, reset, takes
 from tests.citus import on_cluster
 from tests.db.helpers import new_account, set_override
@@ -170,7 +170,7 @@ def _delivery(plans: PlanConfig, *, account_id: str, resolved: bool, event_id: s
         status="active",
         status_if_new="active",
     )
-    return delivery_params(
+    return deliver_params(
         plans, env, change, actor="t", store=True, locked=False, account_id=account_id, resolved=resolved
     )
 
@@ -206,7 +206,7 @@ def test_a_webhook_delivery_touches_its_accounts_shard_alone(conn, plans, resolv
     account = new_account(conn, plans)
     params = _delivery(plans, account_id=account, resolved=resolved, event_id=f"evt_{resolved}")
 
-    sent = _commands(conn, lambda: deliver_subscription(conn, params))
+    sent = _commands(conn, lambda: billing_deliver(conn, params))
 
     assert conn.execute(
         "SELECT plan, subscription_status FROM accounts WHERE id = %s", (account,)
@@ -398,9 +398,8 @@ def test_the_take_is_one_call_delegated_to_the_accounts_worker(conn, plans):
     assert "Subplan" not in plan, plan
     set_override(conn, account, "urls", 2)
     conn.execute("UPDATE quotas SET period = %s WHERE account_id = %s", (EARLIER, account))
-    conn.execute(
-        "UPDATE quotas SET used = 1, chain_seq = 0 WHERE account_id = %s AND metric = 'urls'", (account,)
-    )
+    # a unit held in the earlier month, taken there (so the chain holds it: verify checks used_after)
+    takes.take(conn, plans, account_id=account, metric="urls", actor="t", period=EARLIER)
     first = takes.take(conn, plans, account_id=account, metric="urls", actor="t")  # rolls over first
     second = takes.take(conn, plans, account_id=account, metric="urls", actor="t")
     with pytest.raises(QuotaExhausted):
@@ -409,5 +408,5 @@ def test_the_take_is_one_call_delegated_to_the_accounts_worker(conn, plans):
     got = conn.execute(
         "SELECT kind, seq, id > 2^48 FROM ledger WHERE account_id = %s ORDER BY seq", (account,)
     ).fetchall()
-    assert got == [("reset", 1, True), ("take", 2, True), ("take", 3, True)]
+    assert got == [("take", 1, True), ("reset", 2, True), ("take", 3, True), ("take", 4, True)]
     assert chain.verify(conn, account_id=account).ok

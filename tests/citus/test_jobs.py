@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from service.billing.plans import parse_plans
 from service.errors import QuotaExhausted
+from service.plans import parse_plans
 from service.quota import chain, ledger, reset
 from service.quota.plan_sync import LimitChange, sync_plans
 from service.quota.takes import take
@@ -116,7 +116,7 @@ def test_plan_sync_dry_run_reads_every_shard(conn: Any, plans: Any) -> None:
 
 def test_plan_sync_applies_by_shard(conn: Any, plans: Any) -> None:
     """The sync's own statements lock one shard's accounts per batch; its apply step changes limits
-    through quotas_follow_targets, with an audit row each, overrides left alone."""
+    through quota_set_plan_limits_batch, with an audit row each, overrides left alone."""
     accounts = seed(conn, plans, accounts=12)
     conn.execute("UPDATE quotas SET override_set = true, override_limit = 7 WHERE account_id = 'acc0001'")
     richer = parse_plans(

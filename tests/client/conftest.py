@@ -6,12 +6,16 @@ on the network; set-up that is not under test (limits, soft delete) is plain SQL
 
 from __future__ import annotations
 
+import asyncio
+import signal
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import httpx
 import psycopg
 import pytest
 from quota_client import AsyncQuotaClient, QuotaClient
@@ -38,6 +42,14 @@ class Backend(Protocol):
     def delete(self, account_id: str) -> None: ...
     def fail_next(self, count: int) -> None:
         """The next `count` requests are answered 503 without reaching the quota logic."""
+
+    def stall_next(self, count: int) -> None:
+        """The next `count` requests are applied and their answers held back, until the client
+        gives up (interrupted, cancelled, timed out)."""
+
+    @property
+    def stalled(self) -> int:
+        """Answers held back so far."""
 
     @property
     def requests(self) -> int:
@@ -66,14 +78,61 @@ class ServiceBackend:
     def fail_next(self, count: int) -> None:
         self.proxy.refuse_next(count)
 
+    def stall_next(self, count: int) -> None:
+        self.proxy.stall_next(count)
+
+    @property
+    def stalled(self) -> int:
+        return self.proxy.dropped
+
     @property
     def requests(self) -> int:
         return self.proxy.requests
 
 
+STALL_SECONDS = 1.0
+
+
+class StallingService(InMemoryService):
+    """InMemoryService that can hold an answer back after applying the call, as FlakyProxy does in
+    front of the service: for a second, then a read timeout."""
+
+    def __init__(self, limits: dict[str, int | None]) -> None:
+        super().__init__(limits)
+        self.stalled = 0
+        self._stalls = 0
+        self._stall_lock = threading.Lock()
+
+    def stall_next(self, count: int) -> None:
+        with self._stall_lock:
+            self._stalls += count
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        if self._stall():
+            threading.Event().wait(STALL_SECONDS)  # a signal's KeyboardInterrupt ends the wait
+            raise httpx.ReadTimeout("the answer was held back", request=request)
+        return response
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await super().handle_async_request(request)
+        if self._stall():
+            await asyncio.sleep(STALL_SECONDS)
+            raise httpx.ReadTimeout("the answer was held back", request=request)
+        return response
+
+    def _stall(self) -> bool:
+        with self._stall_lock:
+            if not self._stalls:
+                return False
+            self._stalls -= 1
+            self.stalled += 1
+            return True
+
+
 @dataclass
 class MemoryBackend:
-    service: InMemoryService
+    service: StallingService
     name: str = "memory"
 
     def client(self, **options: Any) -> QuotaClient:
@@ -91,6 +150,13 @@ class MemoryBackend:
     def fail_next(self, count: int) -> None:
         self.service.fail_next(count)
 
+    def stall_next(self, count: int) -> None:
+        self.service.stall_next(count)
+
+    @property
+    def stalled(self) -> int:
+        return self.service.stalled
+
     @property
     def requests(self) -> int:
         return self.service.requests
@@ -98,6 +164,34 @@ class MemoryBackend:
 
 def _memory_options(options: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in options.items() if k in ("retries", "backoff", "on_release_error")}
+
+
+@contextmanager
+def interrupted_when_stalled(
+    backend: Backend, then: Callable[[], None] = lambda: None, *, times: int = 1
+) -> Iterator[None]:
+    """Ctrl-C (SIGINT to this thread) once the backend holds an answer back, after `then()`; with
+    `times`, again at each of the next answers held back. Each KeyboardInterrupt arrives while the
+    client waits for an answer that the service has applied."""
+    main = threading.get_ident()
+    done = threading.Event()
+
+    def watch() -> None:
+        sent = 0
+        while sent < times and not done.wait(0.005):
+            if backend.stalled > sent:
+                if not sent:
+                    then()
+                signal.pthread_kill(main, signal.SIGINT)
+                sent += 1
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
 
 
 @pytest.fixture(scope="session")
@@ -169,7 +263,7 @@ def acc() -> str:
 @pytest.fixture(params=["service", "memory"])
 def backend(request: pytest.FixtureRequest) -> Backend:
     if request.param == "memory":
-        return MemoryBackend(InMemoryService(FREE_LIMITS))
+        return MemoryBackend(StallingService(FREE_LIMITS))
     proxy = request.getfixturevalue("proxy")
     return ServiceBackend(proxy, request.getfixturevalue("product_key"), request.getfixturevalue("conn"))
 

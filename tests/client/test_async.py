@@ -113,3 +113,51 @@ async def test_a_cancelled_block_gives_its_take_back(quota, acc):
     with pytest.raises(asyncio.CancelledError):
         await task
     assert (await quota.usage(acc, "urls")).used == 0
+
+
+async def test_a_slot_whose_take_times_out_gives_it_back(quota, backend, acc):
+    """asyncio.timeout around the slot fires while the take's answer is held back: the service
+    granted it; the slot finds it by its idempotency key and releases it, shielded."""
+    before = (await quota.account(acc)).limits["urls"].used
+    backend.stall_next(1)
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.5), quota.slot(acc, "urls"):
+            pytest.fail("the block ran")
+    assert backend.stalled == 1
+    assert (await quota.account(acc)).limits["urls"].used == before
+
+
+async def test_the_give_back_survives_a_second_cancellation(backend, acc):
+    async with backend.async_client(timeout=1.0) as quota:
+        await quota.ensure_account(acc)
+        before = (await quota.account(acc)).limits["urls"].used
+        backend.stall_next(2)  # the take's answer, then the first look for it
+
+        async def work():
+            async with quota.slot(acc, "urls"):
+                pytest.fail("the block ran")
+
+        task = asyncio.create_task(work())
+        for stalls in (1, 2):
+            assert await eventually(lambda n=stalls: backend.stalled >= n)
+            task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+        # The give-back goes on: its retry finds the take and releases it.
+        async def given_back() -> bool:
+            return (await quota.account(acc)).limits["urls"].used == before
+
+        assert await eventually(given_back)
+
+
+async def eventually(check, seconds=5.0):
+    """Whether `check()` (a function, or a coroutine function) holds within `seconds`."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while True:
+        held = check()
+        if asyncio.iscoroutine(held):
+            held = await held
+        if held or asyncio.get_running_loop().time() > deadline:
+            return held
+        await asyncio.sleep(0.01)

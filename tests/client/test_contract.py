@@ -4,6 +4,7 @@ fake promises product tests is what the service does."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -18,6 +19,8 @@ from quota_client import (
     UnknownTakeError,
     ValidationError,
 )
+
+from tests.client.conftest import interrupted_when_stalled
 
 PERIOD = datetime.now(UTC).strftime("%Y-%m")
 
@@ -309,3 +312,70 @@ def test_4xx_is_never_retried(backend, acc):
             with pytest.raises(error):
                 call()
             assert backend.requests - before == 1
+
+
+def test_a_slot_interrupted_while_its_take_is_answered_gives_the_take_back(backend, acc):
+    """Ctrl-C while the take's answer is on its way: the service granted it, the slot never learned
+    its id; the slot finds it by its idempotency key and releases it before the interrupt goes on."""
+    with backend.client() as quota:
+        quota.ensure_account(acc)
+        before = quota.account(acc).limits["urls"].used
+        backend.stall_next(1)
+        ran = []
+        with pytest.raises(KeyboardInterrupt), interrupted_when_stalled(backend), quota.slot(acc, "urls"):
+            ran.append(True)
+        assert ran == [] and backend.stalled == 1
+        assert quota.account(acc).limits["urls"].used == before
+
+
+def test_a_second_interrupt_stops_the_waiting_not_the_give_back(backend, acc):
+    with backend.client(timeout=1.0) as quota:
+        quota.ensure_account(acc)
+        before = quota.account(acc).limits["urls"].used
+        backend.stall_next(2)  # the take's answer, then the first look for it
+        with (
+            pytest.raises(KeyboardInterrupt),
+            interrupted_when_stalled(backend, times=2),
+            quota.slot(acc, "urls"),
+        ):
+            pass
+        assert backend.stalled == 2
+        # The give-back goes on in its own thread: its retry finds the take and releases it.
+        for _ in range(500):
+            if quota.account(acc).limits["urls"].used == before:
+                break
+            time.sleep(0.01)
+        assert quota.account(acc).limits["urls"].used == before
+
+
+def test_an_interrupted_take_that_cannot_be_found_goes_to_on_release_error(backend, acc):
+    failures = []
+    with backend.client(
+        retries=0, on_release_error=lambda error, take: failures.append((error, take))
+    ) as quota:
+        quota.ensure_account(acc)
+        before = quota.account(acc).limits["urls"].used
+        backend.stall_next(1)
+        # The take's answer is held back, and the service is unavailable when the slot looks for it.
+        with (
+            pytest.raises(KeyboardInterrupt),
+            interrupted_when_stalled(backend, then=lambda: backend.fail_next(1)),
+            quota.slot(acc, "urls", units=2),
+        ):
+            pass
+        [(error, take)] = failures
+        assert isinstance(error, ServerError) and error.status == 503
+        assert (take.account_id, take.metric, take.units, take.take_id) == (acc, "urls", 2, None)
+        assert quota.account(acc).limits["urls"].used == before + 2  # held: the callback's to handle
+        # What the callback can do about it: the take's key finds it, and then it can be released.
+        found = quota.take(acc, "urls", units=2, idempotency_key=take.idempotency_key)
+        assert found.replayed and quota.release(found).released
+        assert quota.account(acc).limits["urls"].used == before
+
+
+def test_a_slot_whose_take_was_refused_by_an_answer_sends_nothing_more(backend, acc):
+    with backend.client() as quota:
+        before = backend.requests
+        with pytest.raises(UnknownAccountError), quota.slot("nobody", "urls"):
+            pass
+        assert backend.requests - before == 1

@@ -79,3 +79,14 @@ def test_unknown_fields_are_ignored_and_a_non_object_answer_is_an_error():
         with pytest.raises(ApiError) as e:
             quota.usage("acc-1", "urls")
     assert e.value.code == "invalid_response"
+
+
+def test_a_slot_whose_take_could_not_be_sent_looks_for_nothing():
+    failures = []
+    with (
+        QuotaClient("ftp://quota.test", "key", on_release_error=lambda e, t: failures.append(e)) as quota,
+        pytest.raises(ConnectionFailedError, match="1 attempt"),
+        quota.slot("acc-1", "urls"),
+    ):
+        pytest.fail("the block ran")
+    assert failures == []

@@ -3,6 +3,7 @@ arrived is retried with the same idempotency key and counts once."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 
 import pytest
@@ -76,6 +77,38 @@ def test_auth_errors_carry_the_code_and_are_not_retried(proxy, conn, acc):
         with QuotaClient(proxy.url, key, **FAST) as quota, pytest.raises(AuthError) as e:
             quota.take(acc, "urls")
         assert (e.value.status, e.value.code, proxy.requests - before) == (status, code, 1)
+
+
+def test_a_slot_whose_take_got_no_answer_gives_it_back(proxy, product_key, conn, acc):
+    """Every attempt timed out after the service applied the first: the slot raises, and what the
+    service holds under the slot's key is released (a take and its release in the ledger)."""
+    # A timeout long enough for the look-up to get its answers on a loaded machine.
+    with QuotaClient(proxy.url, product_key, **{**FAST, "timeout": 1.5, "retries": 1}) as quota:
+        quota.ensure_account(acc)
+        proxy.stall_next(2)
+        with pytest.raises(ConnectionFailedError), quota.slot(acc, "urls"):
+            pytest.fail("the block ran")
+    assert proxy.dropped == 2
+    [take] = ledger_rows(conn, acc, kind="take")
+    [release] = ledger_rows(conn, acc, kind="release")
+    assert release["take_id"] == take["id"] and take["idempotency_key"].startswith("qc-")
+    assert assert_counter_matches_ledger(conn, acc, "urls")["used"] == 0
+
+
+@pytest.mark.anyio
+async def test_async_a_slot_cancelled_by_a_timeout_leaves_a_take_and_its_release(
+    proxy, product_key, conn, acc
+):
+    async with AsyncQuotaClient(proxy.url, product_key, **FAST) as quota:
+        await quota.ensure_account(acc)
+        proxy.stall_next(1)
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.5), quota.slot(acc, "urls"):
+                pytest.fail("the block ran")
+    [take] = ledger_rows(conn, acc, kind="take")
+    [release] = ledger_rows(conn, acc, kind="release")
+    assert release["take_id"] == take["id"]
+    assert assert_counter_matches_ledger(conn, acc, "urls")["used"] == 0
 
 
 @pytest.mark.anyio

@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from service.billing.plans import PlanConfig
+from service.plans import PlanConfig
 from service.quota import accounts
 
 Conn = psycopg.Connection[Any]
@@ -85,3 +85,22 @@ def set_period(conn: Conn, account_id: str, metric: str, period: str) -> None:
         "UPDATE quotas SET period = %s WHERE account_id = %s AND metric = %s", (period, account_id, metric)
     )
     assert cur.rowcount == 1
+
+
+def set_plan(conn: Conn, plans: PlanConfig, *, account_id: str, plan: str, status: str, actor: str) -> int:
+    """Give the account this tier and status, and its limits the plan's (quota_set_limits_for_plan,
+    the quota rule every billing change calls); returns the number of counters changed. Test set-up
+    for a tier no subscription decides."""
+    with conn.transaction():
+        conn.execute(
+            "UPDATE accounts SET plan = %s, subscription_status = %s WHERE id = %s",
+            (plan, status, account_id),
+        )
+        row = conn.execute(
+            "SELECT quota_set_limits_for_plan(%(account_id)s, %(plan)s,"
+            " billing_is_lapsed(%(plan)s, %(status)s, %(free_plan)s), %(actor)s, %(free_plan)s,"
+            " %(plan_names)s::text[], %(plan_metrics)s::text[], %(plan_limits)s::bigint[])",
+            {"account_id": account_id, "plan": plan, "status": status, "actor": actor, **plans.limit_table},
+        ).fetchone()
+    assert row is not None
+    return int(row[0])

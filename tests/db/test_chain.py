@@ -6,11 +6,13 @@ moved behind the triggers' back is named."""
 from __future__ import annotations
 
 import random
-from datetime import UTC, datetime
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.rows import namedtuple_row
 
 from service.errors import QuotaExhausted
@@ -54,6 +56,14 @@ def assert_chained(conn: Any, account_id: str, metric: str = METRIC) -> list[Any
     if chain_rows:
         assert head(conn, account_id, metric) == (chain_rows[-1].id, chain_rows[-1].hash)
     return chain_rows
+
+
+def problems(result: chain.Verification) -> dict[str, list[tuple[str, int | None, str]]]:
+    """account -> [(metric, row id or None for the head, problem)] of a verification's findings."""
+    out: dict[str, list[tuple[str, int | None, str]]] = {}
+    for f in result.findings:
+        out.setdefault(f.account_id, []).append((f.metric, f.row_id, f.problem))
+    return out
 
 
 def tamper(conn: Any, sql: str, *params: object) -> None:
@@ -287,11 +297,11 @@ def test_a_changed_field_is_named(conn: Any, plans: Any) -> None:
     result = chain.verify(conn)
 
     assert not result.ok
-    [finding] = result.findings
-    assert (finding.account_id, finding.metric, finding.row_id) == (bad, METRIC, target.id)
-    assert "fields do not match the row's hash" in finding.problem
-    assert "units 5 / used_after 2 do not follow" in finding.problem
-    assert result.rows == 6
+    assert {(f.account_id, f.metric, f.row_id) for f in result.findings} == {(bad, METRIC, target.id)}
+    [hashed, numbers] = [f.problem for f in result.findings]
+    assert "fields do not match the row's hash" in hashed
+    assert "used_after 2 does not follow from row" in numbers and "a take of 5 leaves 6" in numbers
+    assert (result.rows, result.breaks, result.broken_accounts) == (6, 2, 1)
 
 
 def test_a_removed_row_breaks_the_next_link_and_a_removed_last_row_the_head(conn: Any, plans: Any) -> None:
@@ -302,10 +312,13 @@ def test_a_removed_row_breaks_the_next_link_and_a_removed_last_row_the_head(conn
     m, t = rows(conn, middle), rows(conn, tail)
     tamper(conn, "DELETE FROM ledger WHERE id = %s OR id = %s", m[1].id, t[2].id)
 
-    found = {f.account_id: f for f in chain.verify(conn).findings}
+    found = problems(chain.verify(conn))
 
-    assert found[middle].row_id == m[2].id and "previous row" in found[middle].problem
-    assert found[tail].row_id is None and f"names row {t[2].id}" in found[tail].problem
+    assert {row_id for _, row_id, _ in found[middle]} == {m[2].id}
+    assert any("previous row" in p for _, _, p in found[middle])
+    assert any("does not follow" in p for _, _, p in found[middle])  # used_after 3 after 1
+    [(_, row_id, problem)] = found[tail]
+    assert row_id is None and f"names row {t[2].id}" in problem
 
 
 def test_an_inserted_row_is_named(conn: Any, plans: Any) -> None:
@@ -322,8 +335,9 @@ def test_an_inserted_row_is_named(conn: Any, plans: Any) -> None:
         first.hash,
         b"\x00" * 32,
     )
-    [finding] = chain.verify(conn).findings
-    assert finding.row_id == rows(conn, account)[1].id and "fields do not match" in finding.problem
+    [forged, head_finding] = chain.verify(conn).findings
+    assert forged.row_id == rows(conn, account)[1].id and "fields do not match" in forged.problem
+    assert head_finding.row_id is None and f"names row {first.id}" in head_finding.problem
 
 
 def test_the_whole_ledger_is_walked_in_pages_of_whole_accounts(
@@ -351,8 +365,10 @@ def test_the_whole_ledger_is_walked_in_pages_of_whole_accounts(
 
     assert (result.accounts, result.rows) == (5, 13)
     assert [(f.account_id, f.row_id is not None) for f in result.findings] == [
-        (accounts[3], True),
-        ("zzz-no-such-account", True),
+        (accounts[3], True),  # its hash
+        (accounts[3], True),  # its numbers
+        ("zzz-no-such-account", True),  # its hash
+        ("zzz-no-such-account", False),  # no head
     ]
 
 
@@ -376,7 +392,7 @@ def test_verify_one_account_and_since(conn: Any, plans: Any) -> None:
         assert expected == 4
 
     tamper(conn, "UPDATE ledger SET prev_hash = %s WHERE id = %s", b"\x00" * 32, ids[1])
-    assert [f.row_id for f in chain.verify(conn, since=ids[1]).findings] == [ids[1]]
+    assert {f.row_id for f in chain.verify(conn, since=ids[1]).findings} == {ids[1]}
     assert chain.verify(conn, account_id=b).ok
     assert chain.verify(conn, since=ids[2]).ok  # the broken link is before the walk
 
@@ -409,16 +425,17 @@ def _three_takes(conn: Any, plans: Any) -> tuple[str, list[Any]]:
 def test_a_gap_in_seq_is_named(conn: Any, plans: Any) -> None:
     account, got = _three_takes(conn, plans)
     tamper(conn, "UPDATE ledger SET seq = 7 WHERE account_id = %s AND id = %s", account, got[2].id)
-    [finding] = chain.verify(conn).findings
+    [finding, head_finding] = chain.verify(conn).findings
     assert finding.row_id == got[2].id and "seq 7 where 3 was expected" in finding.problem
+    assert head_finding.row_id is None and "its last row is" in head_finding.problem
 
 
 def test_a_repeated_seq_is_named(conn: Any, plans: Any) -> None:
     account, got = _three_takes(conn, plans)
     conn.execute("DROP INDEX ledger_chain_seq")  # as a superuser could, to write a repeat
     tamper(conn, "UPDATE ledger SET seq = 2 WHERE account_id = %s AND id = %s", account, got[2].id)
-    [finding] = chain.verify(conn).findings
-    assert finding.row_id in (got[1].id, got[2].id)
+    findings = chain.verify(conn).findings
+    assert any(f.row_id in (got[1].id, got[2].id) and "seq 2 where 3" in f.problem for f in findings)
 
 
 def test_rows_moved_in_seq_are_named(conn: Any, plans: Any) -> None:
@@ -426,8 +443,8 @@ def test_rows_moved_in_seq_are_named(conn: Any, plans: Any) -> None:
     account, got = _three_takes(conn, plans)
     for seq, row in ((1000, got[1]), (2, got[2]), (3, got[1])):
         tamper(conn, "UPDATE ledger SET seq = %s WHERE account_id = %s AND id = %s", seq, account, row.id)
-    [finding] = chain.verify(conn).findings
-    assert finding.row_id == got[2].id and "previous row" in finding.problem
+    findings = chain.verify(conn).findings
+    assert any(f.row_id == got[2].id and "previous row" in f.problem for f in findings)
 
 
 def test_a_rewritten_head_position_is_named(conn: Any, plans: Any) -> None:
@@ -445,3 +462,250 @@ def test_a_row_without_hash_is_refused(conn: Any, plans: Any) -> None:
             " VALUES (%s, %s, %s, 'take', 1, 1, 'x')",
             (account, METRIC, PERIOD),
         )
+
+
+# --- rows that follow from the row before, every counter the ledger holds ---------------------------
+
+
+def rewrite(conn: Any, account_id: str, metric: str, changes: dict[int, dict[str, Any]]) -> None:
+    """Rewrite a counter's rows as an owner covering their tracks would: change fields of the rows at
+    the given seqs, recompute every hash from there on and move the head, so that every hash, link
+    and head holds (only what the fields say can give it away)."""
+    new = None
+    for r in rows(conn, account_id, metric):
+        prev_hash = None if new is None else new.hash
+        new = r._replace(**changes.get(r.seq, {}), prev_hash=prev_hash)
+        new = new._replace(hash=chain.row_hash(prev_hash, new))
+        if new != r:
+            tamper(
+                conn,
+                "UPDATE ledger SET at = %s, period = %s, units = %s, used_after = %s, lim = %s, actor = %s,"
+                " prev_hash = %s, hash = %s WHERE account_id = %s AND id = %s",
+                new.at,
+                new.period,
+                new.units,
+                new.used_after,
+                new.lim,
+                new.actor,
+                new.prev_hash,
+                new.hash,
+                account_id,
+                r.id,
+            )
+    assert new is not None
+    tamper(
+        conn,
+        "UPDATE quotas SET chain_id = %s, chain_seq = %s, chain_prev = %s, chain_hash = %s"
+        " WHERE account_id = %s AND metric = %s",
+        new.id,
+        new.seq,
+        new.prev_hash,
+        new.hash,
+        account_id,
+        metric,
+    )
+
+
+def _five_kinds(conn: Any, plans: Any) -> tuple[str, list[Any]]:
+    """take 3, take 2, release the first, admin reset, take 1: used_after 3, 5, 2, 0, 1."""
+    account = new_account(conn, plans)
+    set_override(conn, account, METRIC, 10)
+    first = takes.take(conn, plans, account_id=account, metric=METRIC, units=3, actor="t")
+    takes.take(conn, plans, account_id=account, metric=METRIC, units=2, actor="t")
+    takes.release(conn, take_id=first.take_id, actor="t")
+    admin.reset_counter(conn, plans, account_id=account, metric=METRIC, actor="ops")
+    takes.take(conn, plans, account_id=account, metric=METRIC, actor="t")
+    got = rows(conn, account)
+    assert [(r.kind, r.units, r.used_after) for r in got] == [
+        ("take", 3, 3),
+        ("take", 2, 5),
+        ("release", 3, 2),
+        ("reset", 2, 0),
+        ("take", 1, 1),
+    ]
+    return account, got
+
+
+def _at(got: list[Any], seq: int, **delta: float) -> dict[str, Any]:
+    return {"at": got[seq - 1].at + timedelta(**delta)}
+
+
+REWRITES: list[tuple[str, Callable[[list[Any]], dict[int, dict[str, Any]]], list[tuple[int, str]]]] = [
+    ("time goes back", lambda g: {3: _at(g, 1, hours=-2)}, [(3, "is before the previous row")]),
+    (
+        "period goes back",
+        lambda g: {3: {"period": EARLIER}},
+        [(3, f"period {EARLIER} after the previous"), (4, f"entered from {EARLIER}")],
+    ),
+    (
+        "a later period entered holding usage, without its reset row",
+        lambda g: {n: {"period": "2999-01"} for n in (2, 3, 4, 5)},
+        [(2, "while the counter held 3 (row")],
+    ),
+    ("a take's used_after", lambda g: {2: {"used_after": 6}}, [(2, "a take of 2 leaves 5"), (3, "does not")]),
+    ("a take's units", lambda g: {2: {"units": 1}}, [(2, "a take of 1 leaves 4")]),
+    ("a take over its limit", lambda g: {1: {"lim": 2}}, [(1, "over the limit 2")]),
+    ("a release's units", lambda g: {3: {"units": 1}}, [(3, "a release of 1 leaving 2 does not follow")]),
+    (
+        "a release of more than held",
+        lambda g: {3: {"units": 6, "used_after": 0}},
+        [(3, "at most what"), (4, "a reset clears 0")],
+    ),
+    ("a reset's units", lambda g: {4: {"units": 7}}, [(4, "a reset clears 2 and leaves 0")]),
+    (
+        "a reset that leaves usage",
+        lambda g: {4: {"used_after": 1}},
+        [(4, "a reset clearing 2 and leaving 1"), (5, "a take of 1 leaves 2")],
+    ),
+]
+
+
+@pytest.mark.parametrize(("what", "changes", "expected"), REWRITES, ids=[r[0] for r in REWRITES])
+def test_a_consistently_rewritten_row_that_does_not_follow_is_named(
+    conn: Any, plans: Any, what: str, changes: Any, expected: list[tuple[int, str]]
+) -> None:
+    """Every hash, link and head holds after the rewrite: only the rule the row breaks names it."""
+    account, got = _five_kinds(conn, plans)
+    assert chain.verify(conn).ok
+    rewrite(conn, account, METRIC, changes(got))
+
+    result = chain.verify(conn)
+
+    found = [(f.row_id, f.problem) for f in result.findings]
+    assert not any("hash" in p or "head" in p for _, p in found), found
+    assert len(found) == len(expected), found
+    for (row_id, problem), (seq, words) in zip(found, expected, strict=True):
+        assert row_id == got[seq - 1].id and words in problem, (what, found)
+
+
+def test_every_break_of_an_account_is_reported(conn: Any, plans: Any) -> None:
+    """Two counters of one account and two rows of one of them: four findings, not the first."""
+    account, got = _five_kinds(conn, plans)
+    takes.take(conn, plans, account_id=account, metric="seats", actor="t")
+    other = rows(conn, account, "seats")[0]
+    tamper(
+        conn,
+        "UPDATE ledger SET actor = 'x' WHERE account_id = %s AND id IN (%s, %s)",
+        account,
+        got[0].id,
+        got[4].id,
+    )
+    tamper(conn, "UPDATE ledger SET actor = 'x' WHERE account_id = %s AND id = %s", account, other.id)
+    seen: list[chain.Finding] = []
+
+    result = chain.verify(conn, on_finding=seen.append)
+
+    assert [(f.metric, f.row_id) for f in result.findings] == [
+        ("seats", other.id),
+        (METRIC, got[0].id),
+        (METRIC, got[4].id),
+    ]
+    assert seen == result.findings and (result.breaks, result.broken_accounts) == (3, 1)
+
+
+def allow_any_account_id(conn: Any) -> None:
+    """Drop the ledger's CHECKs on account_id in this test's database, as its owner could, so that a
+    row of an id the service never writes ('') can be inserted behind the writers' back."""
+    for (name,) in conn.execute(
+        "SELECT conname FROM pg_constraint WHERE conrelid = 'ledger'::regclass AND contype = 'c'"
+        " AND pg_get_constraintdef(oid) LIKE '%%account_id%%'"
+    ).fetchall():
+        conn.execute(sql.SQL("ALTER TABLE ledger DROP CONSTRAINT {}").format(sql.Identifier(name)))
+
+
+def forge(conn: Any, account_id: str, metric: str, n: int) -> list[int]:
+    """n correctly chained takes of one unit for (account_id, metric), inserted as the owner with the
+    triggers off and no head in quotas: a chain no verify of the hashes alone can fault."""
+    prev: bytes | None = None
+    ids = []
+    for seq in range(1, n + 1):
+        (row_id, at) = conn.execute("SELECT nextval('ledger_id_seq'), clock_timestamp()").fetchone()
+        row = type(
+            "Row",
+            (),
+            {
+                "id": row_id,
+                "at": at,
+                "account_id": account_id,
+                "metric": metric,
+                "period": PERIOD,
+                "kind": "take",
+                "units": 1,
+                "used_after": seq,
+                "lim": None,
+                "take_id": None,
+                "idempotency_key": None,
+                "actor": "forger",
+            },
+        )
+        h = chain.row_hash(prev, row)
+        tamper(
+            conn,
+            "INSERT INTO ledger (id, at, seq, account_id, metric, period, kind, units, used_after, actor,"
+            " prev_hash, hash) OVERRIDING SYSTEM VALUE"
+            " VALUES (%s, %s, %s, %s, %s, %s, 'take', 1, %s, 'forger', %s, %s)",
+            row_id,
+            at,
+            seq,
+            account_id,
+            metric,
+            PERIOD,
+            seq,
+            prev,
+            h,
+        )
+        prev = h
+        ids.append(row_id)
+    return ids
+
+
+def test_an_empty_account_id_and_a_counter_without_head_are_walked_and_reported(
+    conn: Any, plans: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        chain, "PAGE_ACCOUNTS", 1
+    )  # '' before the first page's account, bogus on a later page
+    accounts = sorted(new_account(conn, plans) for _ in range(2))
+    for a in accounts:
+        takes.take(conn, plans, account_id=a, metric=METRIC, actor="t")
+    allow_any_account_id(conn)
+    empty = forge(conn, "", METRIC, 2)
+    bogus = forge(conn, accounts[1], "bogus_metric", 3)
+
+    result = chain.verify(conn)
+
+    assert (result.rows, result.counters, result.accounts) == (7, 4, 3)
+    assert [(f.account_id, f.metric, f.row_id) for f in result.findings] == [
+        ("", METRIC, None),
+        (accounts[1], "bogus_metric", None),
+    ]
+    assert (
+        f"2 row(s) of this counter (last row {empty[1]}, seq 2) but it has no head"
+        in result.findings[0].problem
+    )
+    assert f"3 row(s) of this counter (last row {bogus[2]}, seq 3)" in result.findings[1].problem
+    assert result.findings[0].describe().startswith("account '' urls head: ")
+
+    one = chain.verify(conn, account_id="")
+    assert (one.rows, one.breaks) == (2, 1)
+    assert chain.verify(conn, account_id=accounts[0]).ok
+    since = chain.verify(conn, since=min(empty))  # the rows since, and the head-less counters among them
+    assert {(f.account_id, f.metric) for f in since.findings} == {("", METRIC), (accounts[1], "bogus_metric")}
+
+
+def test_the_verify_command_reports_an_empty_account_id(conn: Any, db_url: str, plans: Any) -> None:
+    from tests.db.test_finance_commands import cli
+
+    account = new_account(conn, plans)
+    takes.take(conn, plans, account_id=account, metric=METRIC, actor="t")
+    assert cli(db_url, "ledger", "verify", "--account", "").returncode == 0  # nothing there yet
+    allow_any_account_id(conn)
+    forge(conn, "", METRIC, 1)
+
+    out = cli(db_url, "ledger", "verify", "--account", "")
+
+    assert out.returncode == 1, out.stderr
+    assert "ledger verify: 1 rows checked in 1 counters of 1 accounts" in out.stdout
+    assert "account '' urls head: the ledger holds 1 row(s)" in out.stdout
+    assert cli(db_url, "ledger", "verify").returncode == 1
+    assert cli(db_url, "ledger", "verify", "--account", account).returncode == 0

@@ -58,7 +58,7 @@ def test_verify_command(conn: Any, db_url: str, plans: Any) -> None:
     broken = cli(db_url, "ledger", "verify")
     assert broken.returncode == 1
     assert f"account {accounts[1]} urls row {row_id}: fields do not match the row's hash" in broken.stdout
-    assert "1 account(s) with a broken chain" in broken.stdout
+    assert "1 break(s) in 1 account(s)" in broken.stdout
     assert cli(db_url, "ledger", "verify", "--account", accounts[0]).returncode == 0
     assert cli(db_url, "ledger", "verify", "--since", str(row_id + 1)).returncode == 0
     assert cli(db_url, "ledger", "verify", "--since", "x").returncode == 2

@@ -123,7 +123,7 @@ def test_keys_are_per_account(conn, plans):
 
 def test_failed_statement_leaves_counter_untouched(conn, plans):
     """The take statement's ledger insert fails on the duplicate key: its counter update must roll
-    back with it (reliability.md §1, the idempotency trap), over many attempts."""
+    back with it (else a duplicate would move the counter without a ledger row), over many attempts."""
     account = new_account(conn, plans)
     takes.take(conn, plans, account_id=account, metric=METRIC, idempotency_key="k", actor="t")
     for _ in range(200):

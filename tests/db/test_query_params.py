@@ -8,8 +8,8 @@ from typing import Any
 
 import psycopg
 
-from service.billing.plans import PlanConfig, parse_plans
 from service.db import Positional
+from service.plans import PlanConfig, parse_plans
 
 ODD = parse_plans(
     tomllib.loads(

@@ -20,10 +20,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from service.billing.plans import PlanConfig
 from service.errors import IdempotencyKeyReused, QuotaExhausted
-from service.quota import accounts, overrides, periods, takes
-from tests.db.helpers import counter, ledger_rows, ledger_used, new_account
+from service.plans import PlanConfig
+from service.quota import overrides, periods, takes
+from tests.db.helpers import counter, ledger_rows, ledger_used, new_account, set_plan
 
 METRICS = ("seats", "urls")  # free plan: seats 1, urls 50; pro: seats 5, urls 500
 KEYS = st.none() | st.sampled_from([f"key-{i}" for i in range(4)])
@@ -181,9 +181,7 @@ def make_machine(conn: Any, plans: PlanConfig) -> type[RuleBasedStateMachine]:
             plan=st.sampled_from(["free", "pro"]), status=st.sampled_from(["active", "past_due", "canceled"])
         )
         def change_plan(self, plan: str, status: str) -> None:
-            accounts.apply_plan(
-                conn, plans, account_id=self.account, plan=plan, status=status, actor="machine"
-            )
+            set_plan(conn, plans, account_id=self.account, plan=plan, status=status, actor="machine")
             self.model.plan, self.model.status = plan, status
 
         # --- the model's lazy rollover, mirroring the service's

@@ -16,9 +16,9 @@ from typing import Any
 
 import psycopg
 
-from service.billing.plans import load_plans
 from service.keys import create_key
 from service.migrate import migrate
+from service.plans import load_plans
 from service.quota.accounts import upsert_account
 from service.quota.overrides import set_override
 from tests.servers import PrivatePostgres

@@ -1,5 +1,5 @@
 """Redis (the Celery broker) stopped and started: the web tier stays ready, and a monthly reset cut
-off by the outage is finished by the hourly catch-up, its designed bound (README: operations)."""
+off by the outage is finished by the hourly catch-up, its designed bound (docs/operations.md)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from service.billing.plans import PlanConfig
 from service.config import Settings
+from service.plans import PlanConfig
 from service.quota import reset
 from tests.conftest import PLANS_FILE, running_app
 from tests.servers import PrivateRedis

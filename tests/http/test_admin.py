@@ -3,8 +3,7 @@ stored plan limit, each answer naming the rule that won; every override change i
 
 from __future__ import annotations
 
-from service.quota import accounts
-from tests.db.helpers import counter, soft_delete
+from tests.db.helpers import counter, set_plan, soft_delete
 from tests.http.conftest import assert_error, take
 
 
@@ -76,12 +75,12 @@ def test_override_zero_refuses_and_lowering_below_used_refuses_without_touching_
 
 
 def test_lapsed_paid_plan_falls_back_to_free(client, keys, account, conn, plans):
-    accounts.apply_plan(conn, plans, account_id=account, plan="pro", status="active", actor="t")
+    set_plan(conn, plans, account_id=account, plan="pro", status="active", actor="t")
     m = _limit(client, keys, account)
     assert (m["limit"], m["limit_source"]) == (500, "plan")
     assert _limit(client, keys, account, "api_calls")["limit"] is None
 
-    accounts.apply_plan(conn, plans, account_id=account, plan="pro", status="canceled", actor="t")
+    set_plan(conn, plans, account_id=account, plan="pro", status="canceled", actor="t")
     r = client.get(f"/v1/accounts/{account}", headers=keys["product"])
     assert r.json["plan"] == "pro" and r.json["subscription_status"] == "canceled"
     assert (r.json["limits"]["urls"]["limit"], r.json["limits"]["urls"]["limit_source"]) == (
@@ -91,24 +90,24 @@ def test_lapsed_paid_plan_falls_back_to_free(client, keys, account, conn, plans)
     assert r.json["limits"]["api_calls"]["limit"] == 1000
     assert take(client, keys)["limit_source"] == "free_fallback"
 
-    accounts.apply_plan(conn, plans, account_id=account, plan="pro", status="past_due", actor="t")
+    set_plan(conn, plans, account_id=account, plan="pro", status="past_due", actor="t")
     assert _limit(client, keys, account)["limit_source"] == "plan"  # grace period keeps the paid limits
 
 
 def test_override_beats_a_lapsed_plan_and_survives_plan_changes(client, keys, account, conn, plans):
-    accounts.apply_plan(conn, plans, account_id=account, plan="pro", status="canceled", actor="t")
+    set_plan(conn, plans, account_id=account, plan="pro", status="canceled", actor="t")
     _override(client, keys, account, 3)
     assert (_limit(client, keys, account)["limit"], _limit(client, keys, account)["limit_source"]) == (
         3,
         "override",
     )
-    accounts.apply_plan(conn, plans, account_id=account, plan="business", status="active", actor="t")
+    set_plan(conn, plans, account_id=account, plan="business", status="active", actor="t")
     admin = _limit(client, keys, account, role="admin")
     assert (admin["limit"], admin["plan_limit"], admin["override"]) == (3, 5000, {"limit": 3})
 
 
 def test_free_plan_is_never_lapsed(client, keys, account, conn, plans):
-    accounts.apply_plan(conn, plans, account_id=account, plan="free", status="canceled", actor="t")
+    set_plan(conn, plans, account_id=account, plan="free", status="canceled", actor="t")
     assert _limit(client, keys, account)["limit_source"] == "plan"
 
 
@@ -198,7 +197,7 @@ def test_largest_override_is_accepted(client, keys, account):
     assert r.status_code == 200 and r.json["remaining"] == 2**63 - 1
 
 
-def test_apply_plan_counts_and_audits_each_limit_it_changes(client, keys, account, conn, plans):
+def test_a_plan_change_counts_and_audits_each_limit_it_changes(client, keys, account, conn, plans):
     def audit_rows():
         return conn.execute(
             "SELECT metric, old, new FROM audit_log WHERE account_id = %s AND action = 'plan_limit_changed'"
@@ -206,18 +205,18 @@ def test_apply_plan_counts_and_audits_each_limit_it_changes(client, keys, accoun
             (account,),
         ).fetchall()
 
-    assert accounts.apply_plan(conn, plans, account_id=account, plan="pro", status="active", actor="t") == 3
+    assert set_plan(conn, plans, account_id=account, plan="pro", status="active", actor="t") == 3
     assert [(m, o["plan_limit"], n["plan_limit"]) for m, o, n in audit_rows()] == [
         ("api_calls", 1000, None),
         ("seats", 1, 5),
         ("urls", 50, 500),
     ]
     # the same plan again: no audit row
-    assert accounts.apply_plan(conn, plans, account_id=account, plan="pro", status="active", actor="t") == 0
+    assert set_plan(conn, plans, account_id=account, plan="pro", status="active", actor="t") == 0
     assert len(audit_rows()) == 3
     # only a lapse (the values stay, the free fallback switches): audited too, as plan sync audits it
-    # (one definition, quotas_follow_targets), with the lapsed flag in old and new
-    assert accounts.apply_plan(conn, plans, account_id=account, plan="pro", status="canceled", actor="t") == 3
+    # (one definition, quota_set_plan_limits), with the lapsed flag in old and new
+    assert set_plan(conn, plans, account_id=account, plan="pro", status="canceled", actor="t") == 3
     lapse = audit_rows()[3:]
     assert [(m, o["lapsed"], n["lapsed"], o["plan_limit"] == n["plan_limit"]) for m, o, n in lapse] == [
         ("api_calls", False, True, True),
@@ -226,5 +225,5 @@ def test_apply_plan_counts_and_audits_each_limit_it_changes(client, keys, accoun
     ]
     assert _limit(client, keys, account)["limit_source"] == "free_fallback"
     # a plan the config does not know gets the free plan's limits
-    assert accounts.apply_plan(conn, plans, account_id=account, plan="gone", status="active", actor="t") == 3
+    assert set_plan(conn, plans, account_id=account, plan="gone", status="active", actor="t") == 3
     assert _limit(client, keys, account)["limit"] == 50

@@ -46,13 +46,9 @@ def _wait_until_up(base: str, deadline: float) -> None:
     raise AssertionError("the dev server never answered /healthz")
 
 
-@pytest.mark.slow
-def test_dev_starts_from_nothing_and_answers_a_take(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "PLANS_FILE")}
-    env["QUOTA_DEV_DIR"] = str(tmp_path / "dev")
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
+def dev_process(env: dict[str, str], port: int) -> subprocess.Popen[str]:
+    """`quota-ledger dev` on `port`, its output (stdout and stderr) in a text pipe."""
+    return subprocess.Popen(
         [sys.executable, "-m", "service.cli", "dev", "--bind", f"127.0.0.1:{port}"],
         cwd=ROOT,
         env=env,
@@ -61,6 +57,15 @@ def test_dev_starts_from_nothing_and_answers_a_take(tmp_path):
         text=True,
         start_new_session=True,  # its own process group, so Ctrl-C can be sent the way a terminal does
     )
+
+
+@pytest.mark.slow
+def test_dev_starts_from_nothing_and_answers_a_take(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "PLANS_FILE")}
+    env["QUOTA_DEV_DIR"] = str(tmp_path / "dev")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = dev_process(env, port)
     lines: queue.Queue[str] = queue.Queue()
     output: list[str] = []
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
@@ -102,15 +107,7 @@ def test_dev_starts_from_nothing_and_answers_a_take(tmp_path):
 
 def _start_dev(env: dict[str, str], port: int) -> tuple[subprocess.Popen[str], str, list[str]]:
     """`dev` started and its product key printed; returns the process, the key and the output."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "dev", "--bind", f"127.0.0.1:{port}"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    proc = dev_process(env, port)
     output: list[str] = []
     deadline = time.monotonic() + 60
     for line in proc.stdout:  # type: ignore[union-attr]

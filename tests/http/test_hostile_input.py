@@ -64,10 +64,22 @@ def test_an_account_id_with_a_trailing_newline_is_refused(client, keys):
     assert_error(client.get("/v1/accounts/acc%0A", headers=keys["product"]), 422, "validation_failed")
 
 
-def test_a_double_slash_is_a_404_not_a_redirect_to_the_host_header(client, keys, account):
-    r = client.get("/v1//accounts/acc-1", headers={**keys["product"], "Host": "evil.example"})
+@pytest.mark.parametrize("path", ["/v1//accounts/acc-1", "//v1/accounts/acc-1", "/v1/accounts//acc-1"])
+def test_a_double_slash_is_a_404_not_a_redirect_to_the_host_header(client, keys, account, path):
+    r = client.get(path, headers={**keys["product"], "Host": "evil.example"})
     assert_error(r, 404)
     assert "Location" not in r.headers
+
+
+def test_a_body_left_unread_closes_the_connection_and_says_so(client, keys, account):
+    refused = client.post(f"/v1/accounts/{account}/takes", data=b" " * (LIMIT + 1), headers=keys["product"])
+    assert_error(refused, 413)
+    assert refused.headers["Connection"] == "close"
+    unread = client.post(f"/v1/accounts/{account}/takes", json={"metric": "urls"})  # 401: never read
+    assert_error(unread, 401)
+    assert unread.headers["Connection"] == "close"
+    read = client.post(f"/v1/accounts/{account}/takes", json={"metric": "urls"}, headers=keys["product"])
+    assert read.status_code == 201 and "Connection" not in read.headers
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from marshmallow import Schema, fields
 
-from service.http import schemas as s
+from service.http.schemas import responses as s
 from service.quota.takes import Release, Take
 
 # Every response instance whose dump is the short one (the others are marshmallow's own).

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,9 +48,12 @@ def request(
 
 
 @contextmanager
-def serving(env: dict[str, str], *args: str, log: Path) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
-    """A `serve` subprocess on a free port, up (answering /healthz); stopped with SIGTERM after."""
-    port = free_port()
+def serving(
+    env: dict[str, str], *args: str, log: Path, port: int | None = None
+) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
+    """A `serve` subprocess on `port` (default: a free one), up (answering /healthz, asked every
+    0.2 s); stopped with SIGTERM after."""
+    port = port or free_port()
     with open(log, "ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "service.cli", "serve", "--bind", f"127.0.0.1:{port}", *args],
@@ -210,3 +214,87 @@ def test_the_app_refuses_to_build_from_an_environment_without_webhook_environmen
     monkeypatch.delenv("WEBHOOK_ENVIRONMENT", raising=False)
     with pytest.raises(RuntimeError, match="WEBHOOK_ENVIRONMENT is not set"):
         create_app()
+
+
+@pytest.mark.slow
+def test_a_keep_alive_client_goes_on_after_a_refused_body_and_double_slashes_are_404(
+    app_db_url, redis_url, conn, tmp_path
+):
+    key = create_key(conn, name="keepalive-test", role="product")
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    too_large = b" " * (1024 * 1024 + 1)
+    with serving(serve_env(app_db_url, redis_url), "--workers", "1", log=tmp_path / "serve.log") as (port, _):
+        client = http.client.HTTPConnection("127.0.0.1", port, timeout=10)  # one connection, kept alive
+
+        def ask(method: str, path: str, body: Any = None, chunked: bool = False) -> http.client.HTTPResponse:
+            client.request(method, path, body=body, headers=headers, encode_chunked=chunked)
+            r = client.getresponse()
+            r.read()
+            return r
+
+        assert ask("PUT", "/v1/accounts/acc-1", json.dumps({"kind": "user"}).encode()).status == 201
+        for path in ("//v1/accounts/acc-1", "/v1//accounts/acc-1"):
+            assert ask("GET", path).status == 404
+        refusals = [
+            ("Content-Length", too_large, False),
+            ("chunked", iter([too_large[i : i + 65536] for i in range(0, len(too_large), 65536)]), True),
+        ]
+        for how, body, chunked in refusals:
+            refused = ask("POST", "/v1/accounts/acc-1/takes", body, chunked)
+            assert (refused.status, refused.getheader("Connection")) == (413, "close"), how
+            # the client saw "close" and opens a new connection: the next request is answered
+            assert ask("GET", "/v1/accounts/acc-1").status == 200, how
+        kept = ask("GET", "/v1/accounts/acc-1")
+        assert kept.getheader("Connection") == "keep-alive"
+        client.close()
+
+
+def pids_of_children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def port_free(port: int) -> bool:
+    from service.serve import PortInUse, check_bind
+
+    try:
+        check_bind(f"127.0.0.1:{port}")
+    except PortInUse:
+        return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_crashed_master_frees_its_port_at_once_and_a_restart_cleans_up(app_db_url, redis_url, tmp_path):
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    env = serve_env(app_db_url, redis_url, TMPDIR=str(temp))
+    with serving(env, "--workers", "2", log=tmp_path / "serve.log") as (port, master), ExitStack() as stack:
+        workers = pids_of_children(master.pid)
+        assert len(workers) == 2
+        for _ in range(8):  # keep-alive connections: a stopping worker finishes them before it exits
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            stack.callback(c.close)
+            c.request("GET", "/healthz")
+            assert c.getresponse().read()
+        crashed_metrics = list(temp.iterdir())
+        assert len(crashed_metrics) == 1
+
+        master.kill()
+        crashed = time.monotonic()
+        master.wait()
+        while not port_free(port):
+            assert time.monotonic() - crashed < 2, "the orphaned workers still hold the port"
+            time.sleep(0.05)
+        freed = time.monotonic() - crashed
+
+        with serving(env, "--workers", "1", log=tmp_path / "restart.log", port=port):
+            answering = time.monotonic() - crashed
+            assert crashed_metrics[0] not in list(temp.iterdir())  # the crashed run's folder is gone
+            assert len(list(temp.iterdir())) == 1  # the new run's
+        print(f"port free {freed:.2f} s after the crash; the restart answering after {answering:.2f} s")
+        deadline = time.monotonic() + 10
+        while any(Path(f"/proc/{w}").exists() for w in workers):  # the orphans exit, too
+            assert time.monotonic() < deadline, "orphaned workers still running"
+            time.sleep(0.1)

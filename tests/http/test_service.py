@@ -16,7 +16,10 @@ def test_healthz(client):
 def test_readyz_checks_database_and_broker(client):
     r = client.get("/readyz")
     assert r.status_code == 200, r.json
-    assert r.json == {"status": "ready", "checks": {"database": "ok", "broker": "ok"}}
+    assert r.json == {
+        "status": "ready",
+        "checks": {"database": "ok", "broker": "ok", "exports": "0 of 2 running (informational)"},
+    }
 
 
 def test_readyz_stays_ready_when_the_broker_is_down(db_url):

@@ -1,4 +1,4 @@
-"""WEBHOOK_ENVIRONMENT is a choice every server makes explicitly (README: Configuration)."""
+"""WEBHOOK_ENVIRONMENT is a choice every server makes explicitly (docs/operations.md: Configuration)."""
 
 from __future__ import annotations
 

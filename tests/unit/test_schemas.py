@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from marshmallow import ValidationError
 
-from service.http import schemas
+from service.http.schemas import requests as schemas
 
 
 def _errors(schema, data):

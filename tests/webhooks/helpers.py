@@ -6,10 +6,12 @@ from __future__ import annotations
 import copy
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import stripe
 
+from service.webhooks.samples import SAMPLES
 from tests.conftest import FIXTURES, REVENUECAT_AUTH, STRIPE_SECRET
 
 SUB_ID = "sub_1RkT9xLt4dXK03v5aB7cD2eF"
@@ -43,15 +45,21 @@ def _fresh(event: dict[str, Any]) -> dict[str, Any]:
     return event
 
 
+def _fixture_files(provider: str) -> list[Path]:
+    """The tests' own fixtures and the samples the package ships for `webhooks send-test`."""
+    return [*(FIXTURES / provider).glob("*.json"), *(SAMPLES / provider).glob("*.json")]
+
+
 def fixture(provider: str, name: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((FIXTURES / provider / f"{name}.json").read_text())
+    path = next(p for p in _fixture_files(provider) if p.stem == name)
+    data: dict[str, Any] = json.loads(path.read_text())
     if provider == "revenuecat":
         _fresh(data["event"])
     return data
 
 
 def stripe_fixtures() -> list[str]:
-    return sorted(p.stem for p in (FIXTURES / "stripe").glob("*.json"))
+    return sorted(p.stem for p in _fixture_files("stripe"))
 
 
 def revenuecat_fixtures() -> list[str]:

@@ -13,10 +13,10 @@ from typing import Any, TypeVar
 
 from psycopg import pq
 
-from service.billing import inbox
+from service.billing import delivery
+from service.billing.delivery import Receipt
 from service.billing.events import Envelope
-from service.billing.inbox import Receipt
-from service.billing.plans import PlanConfig
+from service.plans import PlanConfig
 from service.quota.accounts import upsert_account
 from service.webhooks import revenuecat, stripe
 from tests.citus import on_cluster
@@ -34,7 +34,7 @@ def envelope(event: dict[str, Any]) -> Envelope:
 
 
 def receive(conn: Any, plans: PlanConfig, event: dict[str, Any]) -> Receipt:
-    return inbox.receive(conn, plans, envelope(event), allowed=True, translate=stripe.translate)
+    return delivery.receive(conn, plans, envelope(event), allowed=True, translate=stripe.translate)
 
 
 def account_row(conn: Any, account_id: str = ACCOUNT) -> tuple[Any, ...]:
@@ -192,7 +192,7 @@ def test_a_replay_also_moves_the_version(conn: Any, db_url: str, plans: PlanConf
         conn,
         db_url,
         plans,
-        lambda holder: inbox.replay(
+        lambda holder: delivery.replay(
             holder, plans, inbox_id, translate_for=lambda _: stripe.translate, actor="t"
         ),
         then=event("evt_sub1_deleted", t + 2, sub_id="sub_1", status="canceled"),
@@ -216,7 +216,8 @@ def test_a_transfer_moves_the_version_of_the_account_it_fills(
         upsert_account(conn, plans, account_id=a, kind="user")
     renewal = revenuecat.parse(body_of(fixture("revenuecat", "renewal")))
     assert (
-        inbox.receive(conn, plans, renewal, allowed=True, translate=revenuecat.translate).status == "applied"
+        delivery.receive(conn, plans, renewal, allowed=True, translate=revenuecat.translate).status
+        == "applied"
     )
     t = now() - 100  # the target also pays through Stripe, on Basic, with a newer event than RevenueCat's
     receive(
@@ -229,7 +230,7 @@ def test_a_transfer_moves_the_version_of_the_account_it_fills(
     transfer = revenuecat.parse(body_of(fixture("revenuecat", "transfer")))
 
     def hold(holder: Any) -> Receipt:
-        moved = inbox.receive(holder, plans, transfer, allowed=True, translate=revenuecat.translate)
+        moved = delivery.receive(holder, plans, transfer, allowed=True, translate=revenuecat.translate)
         assert account_row(holder, target)[:2] == ("basic", "active")  # Stripe's newer event decides
         return moved
 

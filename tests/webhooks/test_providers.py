@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from service.billing import expiry, inbox
+from service.billing import delivery, expiry
 from service.webhooks import stripe as stripe_adapter
+from service.webhooks.samples import SAMPLES
 from tests.conftest import FIXTURES
 from tests.webhooks.helpers import (
     CUSTOMER,
@@ -38,7 +39,8 @@ ANON = "$RCAnonymousID:87c6049c58069238dce29853916d624c"
 
 
 def sample(provider: str, name: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((FIXTURES / provider / "samples" / f"{name}.json").read_text())
+    path = FIXTURES / provider / "samples" / f"{name}.json"
+    data: dict[str, Any] = json.loads((path if path.exists() else SAMPLES / provider / path.name).read_text())
     return data
 
 
@@ -452,8 +454,8 @@ def test_an_unexpected_error_on_the_fast_path_is_logged_and_stored_failed(
     )
     body = json.dumps(stripe_subscription_event(event_id="evt_boom", created=T)).encode()
     env = stripe_adapter.verify(body, sign(body), ["whsec_test_secret"])
-    with caplog.at_level(logging.DEBUG, logger="service.billing.inbox"):
-        receipt = inbox.receive(conn, plans, env, allowed=True, translate=stripe_adapter.translate)
+    with caplog.at_level(logging.DEBUG, logger="service.billing.delivery"):
+        receipt = delivery.receive(conn, plans, env, allowed=True, translate=stripe_adapter.translate)
     assert (receipt.status, receipt.locked) == ("failed", False)
     assert conn.execute("SELECT last_value FROM test_boom_calls").fetchone() == (1,)  # tried once
     [row] = inbox_rows(conn)

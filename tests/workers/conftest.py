@@ -22,7 +22,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from service.billing.plans import PlanConfig
+from service.plans import PlanConfig
 from service.quota import periods
 from service.quota.accounts import upsert_account
 from service.quota.takes import take

@@ -78,7 +78,9 @@ def test_beat_schedule() -> None:
         "quota.monthly_reset",
         "quota.reset_catch_up",
         "quota.plan_sync",
+        "billing.purge_inbox",
         "billing.expire_access",
+        "ledger.checkpoint",
     }
     monthly = BEAT_SCHEDULE["monthly-reset"]["schedule"]
     assert monthly == crontab(minute=5, hour=0, day_of_month=1)
@@ -93,15 +95,20 @@ def test_beat_schedule() -> None:
     assert len(fires(tick, start, 24)) == 24  # hourly
     assert len(fires(BEAT_SCHEDULE["plan-sync"]["schedule"], start, 72)) == 3  # daily
     assert len(fires(BEAT_SCHEDULE["expire-access"]["schedule"], start, 24)) == 24  # hourly
+    assert len(fires(BEAT_SCHEDULE["ledger-checkpoint"]["schedule"], start, 72)) == 3  # daily
 
 
 def test_registered_tasks() -> None:
     from workers.app import app
 
     app.loader.import_default_modules()
-    assert {"quota.monthly_reset", "quota.reset_catch_up", "quota.plan_sync", "billing.expire_access"} <= set(
-        app.tasks
-    )
+    assert {
+        "quota.monthly_reset",
+        "quota.reset_catch_up",
+        "quota.plan_sync",
+        "billing.expire_access",
+        "ledger.checkpoint",
+    } <= set(app.tasks)
 
 
 @pytest.mark.parametrize(
@@ -165,5 +172,5 @@ def test_docker_compose_least_privilege_and_front() -> None:
     published = {name for name, svc in services.items() if svc.get("ports")}
     assert published == {"front"}
     front = (ROOT / "deploy" / "nginx.conf").read_text()
-    assert "server web:8000" in front and "location = /metrics" in front
+    assert "set $web web:8000;" in front and "location = /metrics" in front
     assert "proxy_request_buffering on" in front and "client_body_timeout" in front

@@ -17,12 +17,13 @@ import psycopg
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.billing.plans import PlanConfig, parse_plans
 from service.errors import QuotaExhausted
+from service.plans import PlanConfig, parse_plans
 from service.quota import overrides
-from service.quota.accounts import apply_plan, upsert_account
+from service.quota.accounts import upsert_account
 from service.quota.plan_sync import LimitChange, sync_plans
 from service.quota.takes import take
+from tests.db.helpers import set_plan
 from tests.workers.conftest import ROOT, counter_mismatches
 
 METRICS = ("urls", "seats", "api_calls", "exports")
@@ -89,7 +90,7 @@ def test_plan_sync_property(conn: psycopg.Connection[Any]) -> None:
         for i, spec in enumerate(accounts):
             account_id = f"ex{n}-{i}"
             upsert_account(conn, before, account_id=account_id, kind="user")
-            apply_plan(
+            set_plan(
                 conn, before, account_id=account_id, plan=spec["plan"], status=spec["status"], actor="test"
             )
             for metric, limit in spec["overrides"].items():
@@ -186,7 +187,7 @@ def test_sync_plans_command(conn: psycopg.Connection[Any], app_db_url: str, tmp_
     v1 = parse_plans(tomllib.loads(PLANS_V1))
     for account_id in ("alice", "bob"):
         upsert_account(conn, v1, account_id=account_id, kind="user")
-        apply_plan(conn, v1, account_id=account_id, plan="pro", status="active", actor="test")
+        set_plan(conn, v1, account_id=account_id, plan="pro", status="active", actor="test")
     overrides.set_override(conn, v1, account_id="bob", metric="urls", limit=10_000, actor="admin")
 
     def cli(plans_file: Path, *args: str) -> subprocess.CompletedProcess[str]:

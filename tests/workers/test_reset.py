@@ -14,8 +14,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from service.billing.plans import PlanConfig
 from service.db import transaction, try_advisory_xact_lock
+from service.plans import PlanConfig
 from service.quota import reset
 from service.quota.takes import take
 from tests.conftest import connect as connect_db

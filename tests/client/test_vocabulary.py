@@ -1,0 +1,18 @@
+"""The client's fake speaks the service's words from its own copy (the client cannot import the
+service): each copy must be the service's word list, or the fake's answers would drift from the
+real ones."""
+
+from __future__ import annotations
+
+from quota_client import testing
+
+from service import vocabulary as v
+
+
+def test_the_fakes_words_are_the_services() -> None:
+    assert tuple(v.AccountKind) == testing.ACCOUNT_KINDS
+    assert f"^{testing.ACCOUNT_ID.pattern}$" == v.ACCOUNT_ID_PATTERN
+    assert testing.ACCOUNT_ID_RULE == v.ACCOUNT_ID_RULE
+    assert tuple(v.ReleaseReason) == testing.RELEASE_REASONS
+    assert set(testing.LIMIT_SOURCES) <= set(v.LimitSource)  # the fake has no plans: no fallback
+    assert testing.NO_SUBSCRIPTION == v.SubscriptionStatus.NONE
