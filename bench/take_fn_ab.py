@@ -7,12 +7,20 @@ take, side by side, alternating, in the same run, on the same PostgreSQL.
 
 Sets up the scratch database `--db` on the server named by DATABASE_URL (our migrations, 100,000
 accounts, as bench/take_bench.py does) and creates the candidate functions there. Each repetition
-runs every side in turn (the order rotates per repetition): `--takes` takes, each on a random
-account, from one connection with prepared statements, and reads that connection's server process
-CPU time (/proc/<pid>/stat, so the server must run on this machine) before and after. CPU time,
-not throughput: on a shared machine a side's wall time moves with everyone else's load, its own
-CPU per take much less. Prints every run, then per side the median CPU per take and the median
-of the per-repetition ratios to the first side, and the load average at the start and the end.
+runs `--takes` takes of every side, each on a random account, from one connection per side with
+prepared statements, the sides taking turns of `--chunk` takes (the order rotating), and reads each
+connection's server process CPU time (/proc/<pid>/stat, so the server must run on this machine)
+before and after. CPU time, not throughput: on a shared machine a side's wall time moves with
+everyone else's load, its own CPU per take much less, and the turns spread what load does to it
+over every side. Prints every run, then per side the median CPU per take and the median of the
+per-repetition ratios to the first side, and the load average at the start and the end.
+
+Sides: `statement` (the service's take, service/quota/takes.sql), `before` (the take statement as
+it was before the writers became functions, bench/take_before.sql), any function of the
+candidates file or the service by name; `<side>@unchecked` runs in a copy of --db without the
+ledger CHECK constraints of migrations/0016.
+
+--citus: the same turns on a local Citus cluster, CPU summed over its coordinator and workers.
 
 --cluster: throughput instead, `pgbench -M prepared -c 8 -j 2` per side, on `--db` and on the same
 database on a local Citus cluster (tests/citus/cluster.py, started in a temporary folder and
@@ -28,6 +36,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -38,6 +47,7 @@ sys.path.insert(0, str(HERE.parent))
 
 import psycopg  # noqa: E402
 from common import server_urls, with_database  # noqa: E402
+from server_cpu import postmaster_pid, server_cpu  # noqa: E402
 from take_bench import (  # noqa: E402
     ACCOUNTS,
     METRIC,
@@ -52,6 +62,12 @@ from service.db import Q  # noqa: E402
 from service.quota import periods  # noqa: E402
 
 CANDIDATES = HERE / "take_fn_candidates.sql"
+WRITERS = HERE.parent / "migrations" / "repeatable" / "ledger_writers.sql"
+BEFORE = HERE / "take_before.sql"
+# A side named `<side>@unchecked` runs in a copy of --db without the ledger's CHECK constraints of
+# migrations/0016: `before@unchecked` is the take as it was before 0016, schema included.
+UNCHECKED = "@unchecked"
+CHECKS_0016 = ("ledger_row_check",)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -62,18 +78,25 @@ def backend_cpu(pid: int) -> float:
 
 
 def statement(side: str) -> str:
+    side = side.partition("@")[0]
     if side == "statement":
         return Q.take
+    if side == "before":
+        return BEFORE.read_text()
     return (
         f"SELECT * FROM {side}(%(account_id)s, %(metric)s, %(units)s, %(period)s, "
         "%(idempotency_key)s, %(actor)s)"
     )
 
 
-def run_side(url: str, side: str, takes: int, seed: int) -> float:
-    """CPU seconds per take of the server process that ran `takes` takes of `side`."""
+def run_sides(
+    urls: dict[str, str], sides: list[str], takes: int, seed: int, chunk: int, nodes: list[int] | None = None
+) -> dict[str, float]:
+    """CPU seconds per take of each side's server process after `takes` takes of every side, taken in
+    turns of `chunk` takes (so that the machine's load, which moves, falls on every side alike), each
+    side from its own connection; with `nodes` (postmaster pids, --citus), of those whole servers
+    during the side's turns instead (bench/server_cpu.py)."""
     rnd = random.Random(seed)
-    sql = statement(side)
     params = {
         "metric": METRIC,
         "units": 1,
@@ -81,16 +104,81 @@ def run_side(url: str, side: str, takes: int, seed: int) -> float:
         "idempotency_key": None,
         "actor": "bench",
     }
-    with psycopg.connect(url, autocommit=True, prepare_threshold=0) as conn:
-        pid = conn.info.backend_pid
-        for _ in range(50):  # prepared and planned before the clock starts
-            conn.execute(sql, {**params, "account_id": account_name(rnd.randint(1, ACCOUNTS))}).fetchone()
-        cpu0 = backend_cpu(pid)
-        for _ in range(takes):
-            account = account_name(rnd.randint(1, ACCOUNTS))
-            row = conn.execute(sql, {**params, "account_id": account}).fetchone()
-            assert row is not None and row[0] is not None, row
-        return (backend_cpu(pid) - cpu0) / takes
+    conns = {s: psycopg.connect(urls[s], autocommit=True, prepare_threshold=0) for s in sides}
+    try:
+        pids = {s: c.info.backend_pid for s, c in conns.items()}
+
+        def spent(side: str) -> float:
+            return sum(server_cpu(p) for p in nodes) if nodes else backend_cpu(pids[side])
+
+        def turn(side: str, n: int) -> None:
+            sql = statement(side)
+            for _ in range(n):
+                account = account_name(rnd.randint(1, ACCOUNTS))
+                row = conns[side].execute(sql, {**params, "account_id": account}).fetchone()
+                assert row is not None and row[0] is not None, row
+
+        for side in sides:
+            turn(side, 50)  # prepared and planned before the clock starts
+        cpu = dict.fromkeys(sides, 0.0)
+        start = {s: spent(s) for s in sides}
+        for r in range(max(takes // chunk, 1)):
+            for side in sides[r % len(sides) :] + sides[: r % len(sides)]:
+                before = spent(side) if nodes else 0.0
+                turn(side, chunk)
+                if nodes:
+                    cpu[side] += spent(side) - before
+        if not nodes:  # each backend idles while the others take: its whole time is its turns'
+            cpu = {s: spent(s) - start[s] for s in sides}
+        return {s: cpu[s] / (max(takes // chunk, 1) * chunk) for s in sides}
+    finally:
+        for c in conns.values():
+            c.close()
+
+
+def writer_variants() -> str:
+    """Variants of the service's ledger_take (docs/design/ledger-writers.md), made from its source:
+    take_definer_noset without the fixed search_path (its tables and ledger_link named with their
+    schema instead), take_invoker without SECURITY DEFINER, take_definer_into returning its row
+    through OUT parameters instead of RETURN QUERY (a refused take: one row of NULLs)."""
+    text = WRITERS.read_text()
+    start = text.index("CREATE OR REPLACE FUNCTION ledger_take(")
+    take = text[start : text.index("END\n$f$;", start) + len("END\n$f$;")]
+    definer = " SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp"
+    noset = (
+        take.replace("ledger_take(", "take_definer_noset(", 1)
+        .replace(" SET search_path = pg_catalog, public, pg_temp", "")
+        .replace("UPDATE quotas q", "UPDATE public.quotas q")
+        .replace("INSERT INTO ledger (", "INSERT INTO public.ledger (")
+        .replace("ledger_link(", "public.ledger_link(")
+    )
+    invoker = take.replace("ledger_take(", "take_invoker(", 1).replace(definer, "")
+    returns = re.search(r"\) RETURNS TABLE \((.*?)\)\n", take, re.S)
+    assert returns is not None
+    outs = ", ".join("OUT " + c.strip() for c in returns[1].split(","))
+    into = (
+        take.replace("ledger_take(", "take_definer_into(", 1)
+        .replace(returns[0], f", {outs})\n")
+        .replace("RETURN QUERY\n", "")
+        .replace(
+            "\n  FROM entry e;",
+            '\n  INTO take_id, metric, units, used, "limit", period, limit_source\n  FROM entry e;',
+        )
+    )
+    return "\n".join((noset, invoker, into))
+
+
+def unchecked_copy(pg: str, db: str) -> str:
+    """A copy of `db` without 0016's CHECK constraints on the ledger; returns its URL."""
+    name = db + UNCHECKED.replace("@", "_")
+    with psycopg.connect(pg, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{db}"')
+    url = with_database(pg, name)
+    with psycopg.connect(url, autocommit=True) as conn:
+        for check in CHECKS_0016:
+            conn.execute(f"ALTER TABLE ledger DROP CONSTRAINT {check}")
+    return url
 
 
 def pgbench_script(tmp: Path, side: str, first: int, last: int) -> Path:
@@ -110,6 +198,7 @@ def pgbench_script(tmp: Path, side: str, first: int, last: int) -> Path:
 def distribute_candidates(url: str, sides: list[str]) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(CANDIDATES.read_text())
+        conn.execute(writer_variants())
         for side in sides:
             if side not in ("statement", "take_delegated"):  # migrate distributed take_delegated
                 conn.execute(
@@ -167,30 +256,67 @@ def throughput(plain: str, sides: list[str], reps: int, seconds: float) -> None:
         citus.destroy(cluster)
 
 
+def on_citus(sides: list[str], reps: int, takes: int, chunk: int) -> int:
+    """CPU per take as --sides alternate on a local Citus cluster (tests/citus/cluster.py), summed over
+    its coordinator and workers: the delegated take runs on the account's worker."""
+    from tests.citus import cluster as citus
+
+    reason = citus.unavailable_reason()
+    if reason:
+        raise SystemExit(f"no local Citus cluster here: {reason}")
+    cluster = citus.start()
+    try:
+        sharded = seed_service_database(cluster.create_database("bench_fn_ab"))
+        distribute_candidates(sharded, sides)
+        nodes = [postmaster_pid(cluster.node_url(port)) for port in cluster.ports]
+        return cpu_per_take({s: sharded for s in sides}, sides, reps, takes, chunk, nodes)
+    finally:
+        citus.destroy(cluster)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--db", default="bench_fn_ab", help="scratch database (%(default)s)")
     ap.add_argument("--reps", type=int, default=8)
     ap.add_argument("--takes", type=int, default=5000, help="takes per side per repetition")
+    ap.add_argument("--chunk", type=int, default=100, help="takes per turn: the sides take turns")
     ap.add_argument("--sides", default="statement,take_delegated,take_fn_cte", help="the first is the base")
     ap.add_argument("--no-setup", action="store_true", help="reuse --db as it is")
     ap.add_argument("--cluster", action="store_true", help="throughput on one PostgreSQL and on Citus")
     ap.add_argument("--seconds", type=float, default=6, help="per pgbench run, with --cluster")
+    ap.add_argument(
+        "--citus", action="store_true", help="CPU per take of every node of a local Citus cluster"
+    )
     args = ap.parse_args(argv)
+    sides = args.sides.split(",")
+    if args.citus:
+        return on_citus(sides, args.reps, args.takes, args.chunk)
     pg, _ = server_urls(ap)
     url = with_database(pg, args.db) if args.no_setup else service_database(pg, args.db)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(CANDIDATES.read_text())  # a trusted file of ours, with no parameters
-    sides = args.sides.split(",")
+        conn.execute(writer_variants())
+    # `<side>@<variant>`: in the database `<--db>_<variant>` (made by hand, except `unchecked`)
+    urls = {s: with_database(pg, f"{args.db}_{s.partition('@')[2]}") if "@" in s else url for s in sides}
+    if any(s.endswith(UNCHECKED) for s in sides):
+        unchecked = with_database(pg, args.db + UNCHECKED.replace("@", "_"))
+        if not args.no_setup:
+            unchecked = unchecked_copy(pg, args.db)
+        urls.update({s: unchecked for s in sides if s.endswith(UNCHECKED)})
     if args.cluster:
         throughput(url, sides, args.reps, args.seconds)
         return 0
+    return cpu_per_take(urls, sides, args.reps, args.takes, args.chunk)
+
+
+def cpu_per_take(
+    urls: dict[str, str], sides: list[str], reps: int, takes: int, chunk: int, nodes: list[int] | None = None
+) -> int:
     load0 = os.getloadavg()
     cpu: dict[str, list[float]] = {s: [] for s in sides}
     ratios: dict[str, list[float]] = {s: [] for s in sides[1:]}
-    for rep in range(args.reps):
-        order = sides[rep % len(sides) :] + sides[: rep % len(sides)]
-        got = {side: run_side(url, side, args.takes, seed=rep) for side in order}
+    for rep in range(reps):
+        got = run_sides(urls, sides, takes, seed=rep, chunk=chunk, nodes=nodes)
         for side in sides:
             cpu[side].append(got[side])
         for side in sides[1:]:
@@ -201,8 +327,8 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     print(
-        f"\nserver CPU per take, median of {args.reps} (load average {load0[0]:.1f} at start, "
-        f"{os.getloadavg()[0]:.1f} at end):"
+        f"\n{'servers' if nodes else 'server'} CPU per take, median of {reps} "
+        f"(load average {load0[0]:.1f} at start, {os.getloadavg()[0]:.1f} at end):"
     )
     for side in sides:
         line = f"  {side}: {statistics.median(cpu[side]) * 1e6:.0f} us"

@@ -77,3 +77,43 @@ BEGIN
     period := p_period; limit_source := q.limit_source;
 END
 $f$;
+
+-- take_delegated as it was before the writers became SECURITY DEFINER functions (main 16a72a0): the
+-- base side on Citus for docs/design/ledger-writers.md. It runs as the caller (the bench's owner).
+CREATE OR REPLACE FUNCTION take_delegated_before(
+    p_account_id text, p_metric text, p_units bigint, p_period text, p_idempotency_key text, p_actor text,
+    OUT take_id bigint, OUT metric text, OUT units bigint, OUT used bigint, OUT "limit" bigint,
+    OUT period text, OUT limit_source text
+) LANGUAGE plpgsql AS $f$
+DECLARE
+    q record;
+    v_id bigint;
+    v_at timestamptz;
+    v_hash bytea;
+BEGIN
+    SELECT s.used, s.lim, s.limit_source, s.chain_hash, s.chain_seq INTO q
+      FROM quotas s
+     WHERE s.account_id = p_account_id AND s.metric = p_metric AND s.period = p_period
+       AND NOT s.account_deleted AND (s.lim IS NULL OR s.used + p_units <= s.lim)
+       FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    v_id := nextval('ledger_id_seq');
+    v_at := clock_timestamp();
+    v_hash := ledger_hash(q.chain_hash, v_id, v_at, p_account_id, p_metric, p_period, 'take', p_units,
+                          q.used + p_units, q.lim, NULL, p_idempotency_key, p_actor);
+    UPDATE quotas s
+       SET used = q.used + p_units, chain_seq = q.chain_seq + 1,
+           chain_prev = q.chain_hash, chain_id = v_id, chain_at = v_at, chain_hash = v_hash
+     WHERE s.account_id = p_account_id AND s.metric = p_metric;
+    INSERT INTO ledger (id, at, seq, account_id, metric, period, kind, units, used_after, lim, limit_source,
+                        idempotency_key, actor, prev_hash, hash)
+    OVERRIDING SYSTEM VALUE
+    VALUES (v_id, v_at, q.chain_seq + 1, p_account_id, p_metric, p_period, 'take', p_units, q.used + p_units,
+            q.lim, q.limit_source, p_idempotency_key, p_actor, q.chain_hash, v_hash);
+    take_id := v_id; metric := p_metric; units := p_units; used := q.used + p_units; "limit" := q.lim;
+    period := p_period; limit_source := q.limit_source;
+END
+$f$;
+

@@ -1,5 +1,6 @@
 -- The audit log (service/audit.py): append-only, one row per admin action or plan-limit change.
 
 -- name: audit
-INSERT INTO audit_log (actor, action, account_id, metric, old, new)
-VALUES (%(actor)s, %(action)s, %(account_id)s, %(metric)s, %(old)s, %(new)s)
+-- audit_append (migrations/repeatable/ledger_writers.sql): the service's role cannot insert directly.
+SELECT audit_append(%(actor)s::text, %(action)s::text, %(account_id)s::text, %(metric)s::text, %(old)s::jsonb,
+                    %(new)s::jsonb)

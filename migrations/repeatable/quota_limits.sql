@@ -20,7 +20,8 @@ CREATE OR REPLACE FUNCTION quota_set_plan_limits(
 ) RETURNS TABLE (account_id text, metric text, old_plan_limit bigint, new_plan_limit bigint,
                  old_free_limit bigint, new_free_limit bigint, old_lapsed boolean, new_lapsed boolean,
                  override_set boolean, override_limit bigint)
-LANGUAGE plpgsql VOLATILE AS $$
+-- SECURITY DEFINER: it appends to the audit log, which the service's role may not (migrations/0016).
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 BEGIN
     -- The rows to change, locked first (a statement of its own: Citus mishandles a locking CTE's
     -- result); the next statement's snapshot reads them as locked.

@@ -91,6 +91,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+# The service's role only reads API keys (migrations/0016).
+OWNER_ONLY = "keys are created and revoked as the tables' owner: run this with the DATABASE_URL migrate uses"
+
+
 def cmd_keys_create(args: argparse.Namespace) -> int:
     from service.keys import create_key
 
@@ -103,6 +107,9 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
         except psycopg.errors.CheckViolation:
             print("a key name is 1-64 characters of [A-Za-z0-9._:@-]", file=sys.stderr)
             return 2
+        except psycopg.errors.InsufficientPrivilege:
+            print(OWNER_ONLY, file=sys.stderr)
+            return 2
     print(f"created {args.role} key {args.name!r}; it is shown only once:")
     print(key)
     return 0
@@ -112,7 +119,12 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
     from service.keys import revoke_key
 
     with _connect(_settings()) as conn:
-        if not revoke_key(conn, name=args.name, actor=_cli_actor()):
+        try:
+            revoked = revoke_key(conn, name=args.name, actor=_cli_actor())
+        except psycopg.errors.InsufficientPrivilege:
+            print(OWNER_ONLY, file=sys.stderr)
+            return 2
+        if not revoked:
             print(f"no live key named {args.name!r}", file=sys.stderr)
             return 1
     print(f"revoked {args.name!r} (running servers stop accepting it within KEY_CACHE_SECONDS)")
@@ -528,7 +540,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     migrate.set_defaults(func=cmd_migrate)
 
-    keys = sub.add_parser("keys", help="manage API keys").add_subparsers(dest="keys_command", required=True)
+    keys = sub.add_parser(
+        "keys", help="manage API keys (create and revoke as the tables' owner, as migrate runs)"
+    ).add_subparsers(dest="keys_command", required=True)
     create = keys.add_parser("create", help="create a key; its last line of output is the key alone")
     create.add_argument("--role", required=True, choices=list(Role))
     create.add_argument("--name", required=True)

@@ -76,60 +76,13 @@ SELECT g.account_ids,
  ORDER BY g.first_key
 
 -- name: reset_group
--- Opens `period` for one group of `reset_pick`: the counters of these accounts (all on one shard)
--- from the group's first to its last counter in index order that are still in an earlier period.
--- The same steps as the lazy `roll_over`, over many rows. FOR UPDATE reads each row's latest
--- version; a counter that a take rolled over meanwhile no longer matches `period < P` on the
--- re-check and drops out, so usage taken in the new period is never zeroed and no counter is opened
--- twice (the unique period-open index would refuse it anyway). Rows are locked in key order, as
--- quota_set_plan_limits_batch locks them, so the two never deadlock. Each row's chain position is its
--- counter's chain_seq + 1, set under the row lock (migrations/0015); ledger ids are drawn once per
--- row (`drawn`) and only need to be unique. A counter that held nothing gets its period advanced
--- without a ledger row. Soft-deleted accounts are left alone. Every step names the accounts, so
--- Citus routes each to the group's shard (tests/citus/test_cluster.py).
-WITH batch AS (
-    SELECT account_id, metric, used
-      FROM quotas
-     WHERE account_id = ANY(%(account_ids)s::text[])
-       AND (period, account_id, metric) >= (%(first_period)s, %(first_account)s, %(first_metric)s)
-       AND (period, account_id, metric) <= (%(last_period)s, %(last_account)s, %(last_metric)s)
-       AND period < %(period)s AND NOT account_deleted
-     ORDER BY account_id, metric
-       FOR UPDATE
-), drawn AS (
-    SELECT account_id, metric, used, nextval('ledger_id_seq') AS id, clock_timestamp() AS at
-      FROM batch
-     WHERE used > 0
-), opened AS (
-    UPDATE quotas q
-       SET used = 0, period = %(period)s, chain_seq = q.chain_seq + 1,
-           -- a sub-SELECT: Citus refuses a STABLE function of the row's columns directly in SET
-           (chain_prev, chain_id, chain_at, chain_hash) = (
-               SELECT q.chain_hash, d.id, d.at,
-                      ledger_hash(q.chain_hash, d.id, d.at, q.account_id, q.metric, %(period)s, 'reset',
-                                  d.used, 0, NULL, NULL, 'period-open:' || %(period)s, %(actor)s))
-      FROM drawn d
-     WHERE q.account_id = ANY(%(account_ids)s::text[])
-       AND q.account_id = d.account_id AND q.metric = d.metric
- RETURNING q.account_id, q.metric, d.used AS cleared, q.chain_id, q.chain_at, q.chain_seq, q.chain_prev, q.chain_hash
-), emptied AS (  -- held nothing: the period moves on, no ledger row, the chain stays where it is
-    UPDATE quotas q
-       SET period = %(period)s
-      FROM batch b
-     WHERE q.account_id = ANY(%(account_ids)s::text[])
-       AND q.account_id = b.account_id AND q.metric = b.metric AND b.used = 0
- RETURNING 1
-), entries AS (
-    INSERT INTO ledger (id, at, seq, account_id, metric, period, kind, units, used_after, idempotency_key, actor,
-                        prev_hash, hash)
-    OVERRIDING SYSTEM VALUE
-    SELECT chain_id, chain_at, chain_seq, account_id, metric, %(period)s, 'reset', cleared, 0,
-           'period-open:' || %(period)s, %(actor)s, chain_prev, chain_hash
-      FROM opened
- RETURNING 1
-)
-SELECT (SELECT count(*) FROM opened) + (SELECT count(*) FROM emptied) AS counters,
-       (SELECT count(*) FROM entries) AS reset_rows
+-- Opens `period` for one group of `reset_pick` (ledger_reset_group,
+-- migrations/repeatable/ledger_writers.sql): its accounts' counters from the group's first to its
+-- last counter in index order that are still in an earlier period, each in its own transaction,
+-- locking rows on that group's shard only.
+SELECT * FROM ledger_reset_group(%(account_ids)s::text[], %(first_period)s::text, %(first_account)s::text,
+                                 %(first_metric)s::text, %(last_period)s::text, %(last_account)s::text,
+                                 %(last_metric)s::text, %(period)s::text, %(actor)s::text)
 
 -- name: analyze_after_bulk_write
 SELECT analyze_after_bulk_write()

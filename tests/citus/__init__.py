@@ -22,6 +22,7 @@ CLUSTER_SUITE = (
     "tests/db/test_append_only.py",
     "tests/db/test_chain.py",
     "tests/db/test_checkpoint.py",
+    "tests/db/test_ledger_writers.py",
     "tests/http/test_takes.py",
     "tests/http/test_release_route.py",
     "tests/http/test_admin.py",

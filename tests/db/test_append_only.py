@@ -8,6 +8,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from service import audit
 from service.quota import takes
 from tests.db.helpers import new_account
 
@@ -77,13 +78,16 @@ def test_application_role_lacks_the_privilege(filled, as_service, subtests):
     filled.execute("UPDATE ledger SET actor = actor")  # the triggers really are gone: only privileges held
 
 
-def test_application_role_can_read_and_append(filled, as_service, plans):
+def test_application_role_appends_through_the_writers_only(filled, as_service, plans):
+    """It reads and appends through the service's operations (migrations/repeatable/ledger_writers.sql);
+    a direct INSERT is refused (tests/db/test_ledger_writers.py: what it could forge otherwise)."""
     with as_service(filled):
         account = new_account(filled, plans)
         t = takes.take(filled, plans, account_id=account, metric="urls", actor="t")
         assert takes.release(filled, take_id=t.take_id, actor="t").released
-        filled.execute("INSERT INTO audit_log (actor, action) VALUES ('t', 'y')")
+        audit.record(filled, actor="t", action="y", old=None, new=None)
         assert filled.execute("SELECT count(*) FROM ledger").fetchone()[0] == 3
+        assert filled.execute("SELECT count(*) FROM audit_log WHERE action = 'y'").fetchone()[0] == 1
 
 
 def test_the_login_role_cannot_change_the_append_only_tables(filled, app_db_url, subtests):

@@ -46,7 +46,7 @@ def seed(conn: psycopg.Connection[Any]) -> None:
         "SELECT account_id, metric, %s, 'take', 1, 1, 'test', %s, 1 FROM quotas",
         (P0, SEED_HASH),
     )
-    conn.execute("UPDATE quotas SET used = 1, chain_seq = 1")
+    conn.execute("UPDATE quotas SET used = 1, chain_seq = 1, chain_hash = %s", (SEED_HASH,))
     conn.execute("ANALYZE quotas")
     conn.execute("ANALYZE ledger")
 
@@ -57,14 +57,16 @@ def bulk_write_p1(conn: psycopg.Connection[Any]) -> None:
     conn.execute("UPDATE quotas SET period = %s, used = 2, chain_seq = 3", (P1,))
     conn.execute(
         "INSERT INTO ledger"
-        " (account_id, metric, period, kind, units, used_after, idempotency_key, actor, hash, seq) "
-        "SELECT account_id, metric, %s, 'reset', 1, 0, 'period-open:' || %s, 'test', %s, 2 FROM quotas",
-        (P1, P1, SEED_HASH),
+        " (account_id, metric, period, kind, units, used_after, idempotency_key, actor, prev_hash, hash,"
+        "  seq) "
+        "SELECT account_id, metric, %s, 'reset', 1, 0, 'period-open:' || %s, 'test', %s, %s, 2 FROM quotas",
+        (P1, P1, SEED_HASH, SEED_HASH),
     )
     conn.execute(
-        "INSERT INTO ledger (account_id, metric, period, kind, units, used_after, actor, hash, seq) "
-        "SELECT account_id, metric, %s, 'take', 2, 2, 'test', %s, 3 FROM quotas",
-        (P1, SEED_HASH),
+        "INSERT INTO ledger"
+        " (account_id, metric, period, kind, units, used_after, actor, prev_hash, hash, seq) "
+        "SELECT account_id, metric, %s, 'take', 2, 2, 'test', %s, %s, 3 FROM quotas",
+        (P1, SEED_HASH, SEED_HASH),
     )
 
 

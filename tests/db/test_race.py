@@ -88,9 +88,10 @@ def _naive_take(account_id: str) -> Any:
             (used + 1, account_id, METRIC),
         )
         conn.execute(
-            """INSERT INTO ledger (account_id, metric, period, kind, units, used_after, lim, actor, hash, seq)
-               SELECT account_id, metric, period, 'take', 1, %s, lim, 'naive', '\\x00',
-                      nextval('ledger_id_seq')
+            """INSERT INTO ledger (account_id, metric, period, kind, units, used_after, lim, actor, prev_hash,
+                                 hash, seq)
+               SELECT account_id, metric, period, 'take', 1, %s, lim, 'naive', sha256(''), sha256(''),
+                      nextval('ledger_id_seq') + 1
                  FROM quotas WHERE account_id = %s AND metric = %s""",
             (used + 1, account_id, METRIC),
         )

@@ -1,0 +1,308 @@
+-- The writers of the ledger and of the counters' chain heads (docs/design/ledger-writers.md).
+-- `quota-ledger migrate` applies this file on every run (CREATE OR REPLACE), after the versioned
+-- migrations, which take from the service's role (quota_app) every other way to write these rows
+-- (migrations/0016): INSERT on ledger and audit_log, and UPDATE of quotas' used, period and chain_*.
+--
+-- Each writer is a SECURITY DEFINER function owned by the tables' owner (the role `migrate` runs as),
+-- with search_path fixed so that a caller cannot redirect its names (pg_temp last: a caller's
+-- temporary table never shadows ours). Its body is the one statement the service ran before,
+-- unchanged, in PL/pgSQL, which keeps its plan for the session as a prepared statement would
+-- (a SECURITY DEFINER SQL function is never inlined and is planned again on every call).
+--
+-- ledger_link is the chain append, written once: every writer sets a counter's chain head with it,
+-- in the UPDATE that moves the counter, and inserts the ledger row from what that UPDATE returns.
+
+-- The next link of a counter's chain: position head_seq + 1, after the row whose hash is head_hash, with a
+-- new ledger id and time. Called as `(chain_seq, chain_prev, chain_id, chain_at, chain_hash) =
+-- (SELECT * FROM ledger_link(...))` in the SET of the UPDATE that holds the counter's row lock:
+-- Postgres evaluates SET again on the newest row version after a lock wait, so the link follows the
+-- head whatever the concurrency (migrations/0015). Declared STABLE although it draws from
+-- ledger_id_seq so that the planner inlines it into that SET, where the draw is as volatile as it
+-- was when written out (a VOLATILE set-returning SQL function is never inlined). Only the writers
+-- below call it; EXECUTE is the owner's alone.
+CREATE OR REPLACE FUNCTION ledger_link(
+    head_seq bigint, head_hash bytea, account_id text, metric text, period text, kind text, units bigint,
+    used_after bigint, lim bigint, take_id bigint, idempotency_key text, actor text
+) RETURNS TABLE (seq bigint, prev_hash bytea, id bigint, at timestamptz, hash bytea)
+LANGUAGE sql STABLE AS $$
+    SELECT head_seq + 1, head_hash, e.id, e.at,
+           ledger_hash(head_hash, e.id, e.at, account_id, metric, period, kind, units, used_after, lim, take_id,
+                       idempotency_key, actor)
+      FROM (SELECT nextval('ledger_id_seq') AS id, clock_timestamp() AS at) AS e
+$$;
+
+-- The take (service/quota/takes.sql `take`), one statement: the conditional UPDATE re-checks
+-- `used + units <= lim` on the latest row version under READ COMMITTED, so concurrent takes neither
+-- overshoot nor lose an update, and the ledger row is written by the same statement. A duplicate
+-- idempotency key makes the INSERT raise a unique violation, which aborts the whole statement,
+-- counter update included. No row back: refused, and the caller asks why.
+CREATE OR REPLACE FUNCTION ledger_take(
+    p_account_id text, p_metric text, p_units bigint, p_period text, p_idempotency_key text, p_actor text
+) RETURNS TABLE (take_id bigint, metric text, units bigint, used bigint, "limit" bigint, period text,
+                 limit_source text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $f$
+#variable_conflict use_column
+BEGIN
+RETURN QUERY
+WITH granted AS (
+    UPDATE quotas q
+       SET used = q.used + p_units,
+           (chain_seq, chain_prev, chain_id, chain_at, chain_hash) = (
+               SELECT * FROM ledger_link(q.chain_seq, q.chain_hash, q.account_id, q.metric, q.period, 'take',
+                                         p_units, q.used + p_units, q.lim, NULL, p_idempotency_key, p_actor))
+     WHERE q.account_id = p_account_id AND q.metric = p_metric AND q.period = p_period
+       AND NOT q.account_deleted
+       AND (q.lim IS NULL OR q.used + p_units <= q.lim)
+ RETURNING q.account_id, q.metric, q.period, q.used, q.lim, q.limit_source, q.chain_id, q.chain_at, q.chain_seq,
+           q.chain_prev, q.chain_hash
+), entry AS (
+    INSERT INTO ledger (id, at, seq, account_id, metric, period, kind, units, used_after, lim, limit_source,
+                        idempotency_key, actor, prev_hash, hash)
+    OVERRIDING SYSTEM VALUE
+    SELECT g.chain_id, g.chain_at, g.chain_seq, g.account_id, g.metric, g.period, 'take', p_units, g.used, g.lim,
+           g.limit_source, p_idempotency_key, p_actor, g.chain_prev, g.chain_hash
+      FROM granted g
+ RETURNING ledger.id, ledger.metric, ledger.period, ledger.units, ledger.used_after, ledger.lim,
+           ledger.limit_source
+)
+SELECT e.id, e.metric, e.units, e.used_after, e.lim, e.period, e.limit_source
+  FROM entry e;
+END
+$f$;
+
+-- The lazy rollover of one counter into p_period (takes.sql `roll_over`), and the ledger row that
+-- records what it cleared. FOR UPDATE reads the latest row version (and skips it if another
+-- statement rolled it over first), so `prior.used` is exactly what this statement clears. A counter
+-- that held nothing needs no reset row, so its chain does not move. The unique index on period-open
+-- keys makes a second opening impossible.
+CREATE OR REPLACE FUNCTION ledger_roll_over(p_account_id text, p_metric text, p_period text, p_actor text)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $f$
+#variable_conflict use_column
+BEGIN
+WITH prior AS (
+    SELECT q.account_id, q.metric, q.used
+      FROM quotas q
+     WHERE q.account_id = p_account_id AND q.metric = p_metric AND q.period < p_period
+       FOR UPDATE
+), opened AS (
+    UPDATE quotas q
+       SET used = 0, period = p_period,
+           (chain_seq, chain_prev, chain_id, chain_at, chain_hash) = (
+               SELECT * FROM ledger_link(q.chain_seq, q.chain_hash, q.account_id, q.metric, p_period, 'reset',
+                                         prior.used, 0, NULL, NULL, 'period-open:' || p_period, p_actor))
+      FROM prior
+     WHERE q.account_id = p_account_id AND q.account_id = prior.account_id AND q.metric = prior.metric
+       AND prior.used > 0
+ RETURNING q.account_id, q.metric, prior.used AS cleared, q.chain_id, q.chain_at, q.chain_seq, q.chain_prev,
+           q.chain_hash
+), emptied AS (
+    UPDATE quotas q
+       SET period = p_period
+      FROM prior
+     WHERE q.account_id = p_account_id AND q.account_id = prior.account_id AND q.metric = prior.metric
+       AND prior.used = 0
+)
+INSERT INTO ledger (id, at, seq, account_id, metric, period, kind, units, used_after, idempotency_key, actor,
+                    prev_hash, hash)
+OVERRIDING SYSTEM VALUE
+SELECT o.chain_id, o.chain_at, o.chain_seq, o.account_id, o.metric, p_period, 'reset', o.cleared, 0,
+       'period-open:' || p_period, p_actor, o.chain_prev, o.chain_hash
+  FROM opened o;
+END
+$f$;
+
+-- Gives a take's units back, once, in the take's own period only, never below zero (takes.sql
+-- `release`). The counter row is locked first so `held.used` is current; a concurrent second release
+-- of the same take fails on the unique index (one release per take), which aborts its whole
+-- statement. Every table is filtered on the account, so that Citus routes it to one shard.
+CREATE OR REPLACE FUNCTION ledger_release(p_account_id text, p_take_id bigint, p_period text, p_actor text)
+RETURNS TABLE (released boolean, take_id bigint, account_id text, metric text, units bigint, used bigint,
+               "limit" bigint, period text, limit_source text, release_id bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $f$
+#variable_conflict use_column
+BEGIN
+RETURN QUERY
+WITH taken AS (
+    SELECT t.account_id, t.metric, t.period, t.units, t.id
+      FROM ledger t
+     WHERE t.account_id = p_account_id AND t.id = p_take_id AND t.kind = 'take' AND t.period = p_period
+       AND NOT EXISTS (SELECT 1 FROM ledger r
+                        WHERE r.account_id = p_account_id AND r.kind = 'release' AND r.take_id = t.id)
+), held AS (
+    SELECT q.account_id, q.metric, q.used, taken.units, taken.id AS take_id
+      FROM quotas q JOIN taken ON q.account_id = taken.account_id AND q.metric = taken.metric
+     WHERE q.account_id = p_account_id AND q.period = taken.period
+       FOR UPDATE OF q
+), given AS (
+    -- greatest(..., 0) never changes what is written: `held` locked the newest row version, so there
+    -- used >= what is given back. But when the row changed after this statement's snapshot, Postgres
+    -- first evaluates SET on the version the snapshot saw, then finds it updated and evaluates again on
+    -- the locked one; the quota_units domain check (migrations/0005) runs in that first evaluation,
+    -- and a stale `used` below held.used would fail it spuriously (a release racing an admin reset).
+    UPDATE quotas q
+       SET used = greatest(q.used - least(held.units, held.used), 0),
+           (chain_seq, chain_prev, chain_id, chain_at, chain_hash) = (
+               SELECT * FROM ledger_link(q.chain_seq, q.chain_hash, q.account_id, q.metric, q.period, 'release',
+                                         least(held.units, held.used), q.used - least(held.units, held.used),
+                                         NULL, held.take_id, NULL, p_actor))
+      FROM held
+     WHERE q.account_id = p_account_id AND q.account_id = held.account_id AND q.metric = held.metric
+ RETURNING q.account_id, q.metric, q.period, q.used, q.lim, q.limit_source,
+           least(held.units, held.used) AS units, held.take_id,
+           q.chain_id, q.chain_at, q.chain_seq, q.chain_prev, q.chain_hash
+), entry AS (
+    INSERT INTO ledger (id, at, seq, account_id, metric, period, kind, units, used_after, take_id, actor,
+                        prev_hash, hash)
+    OVERRIDING SYSTEM VALUE
+    SELECT g.chain_id, g.chain_at, g.chain_seq, g.account_id, g.metric, g.period, 'release', g.units, g.used,
+           g.take_id, p_actor, g.chain_prev, g.chain_hash
+      FROM given g
+ RETURNING ledger.id
+)
+SELECT true, g.take_id, g.account_id::text, g.metric, g.units, g.used::bigint, g.lim, g.period::text,
+       g.limit_source, (SELECT e.id FROM entry e)
+  FROM given g;
+END
+$f$;
+
+-- An admin's reset of the open period's counter (service/quota/admin.sql `admin_reset`); the ledger
+-- row names the admin key and the value cleared. Locked first so `prior.used` is exactly what is
+-- cleared. No row back: there was no counter in p_period.
+CREATE OR REPLACE FUNCTION ledger_admin_reset(p_account_id text, p_metric text, p_period text, p_actor text)
+RETURNS TABLE (id bigint, previous bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $f$
+#variable_conflict use_column
+BEGIN
+RETURN QUERY
+WITH prior AS (
+    SELECT q.account_id, q.metric, q.used
+      FROM quotas q
+     WHERE q.account_id = p_account_id AND q.metric = p_metric AND q.period = p_period
+       FOR UPDATE
+), cleared AS (
+    UPDATE quotas q
+       SET used = 0,
+           (chain_seq, chain_prev, chain_id, chain_at, chain_hash) = (
+               SELECT * FROM ledger_link(q.chain_seq, q.chain_hash, q.account_id, q.metric, p_period, 'reset',
+                                         prior.used, 0, NULL, NULL, NULL, p_actor))
+      FROM prior
+     WHERE q.account_id = p_account_id AND q.account_id = prior.account_id AND q.metric = prior.metric
+ RETURNING q.account_id, q.metric, prior.used AS previous, q.chain_id, q.chain_at, q.chain_seq, q.chain_prev,
+           q.chain_hash
+)
+INSERT INTO ledger (id, at, seq, account_id, metric, period, kind, units, used_after, actor, prev_hash, hash)
+OVERRIDING SYSTEM VALUE
+SELECT c.chain_id, c.chain_at, c.chain_seq, c.account_id, c.metric, p_period, 'reset', c.previous, 0, p_actor,
+       c.chain_prev, c.chain_hash
+  FROM cleared c
+RETURNING ledger.id, ledger.units;
+END
+$f$;
+
+-- Opens p_period for one group of the monthly reset (service/quota/reset.sql `reset_pick` and
+-- `reset_group`): the counters of these accounts (all on one shard) from the group's first to its
+-- last counter in index order that are still in an earlier period. The same steps as
+-- ledger_roll_over, over many rows. FOR UPDATE reads each row's latest version; a counter that a
+-- take rolled over meanwhile no longer matches `period < P` on the re-check and drops out, so usage
+-- taken in the new period is never zeroed and no counter is opened twice. Rows are locked in key
+-- order, as quota_set_plan_limits_batch locks them, so the two never deadlock. A counter that held
+-- nothing gets its period advanced without a ledger row. Soft-deleted accounts are left alone. Every step
+-- names the accounts, so Citus routes each to the group's shard (tests/citus/test_cluster.py).
+CREATE OR REPLACE FUNCTION ledger_reset_group(
+    p_account_ids text[], p_first_period text, p_first_account text, p_first_metric text,
+    p_last_period text, p_last_account text, p_last_metric text, p_period text, p_actor text
+) RETURNS TABLE (counters bigint, reset_rows bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $f$
+#variable_conflict use_column
+BEGIN
+RETURN QUERY
+WITH batch AS (
+    SELECT q.account_id, q.metric, q.used
+      FROM quotas q
+     WHERE q.account_id = ANY(p_account_ids)
+       AND (q.period, q.account_id, q.metric) >= (p_first_period, p_first_account, p_first_metric)
+       AND (q.period, q.account_id, q.metric) <= (p_last_period, p_last_account, p_last_metric)
+       AND q.period < p_period AND NOT q.account_deleted
+     ORDER BY q.account_id, q.metric
+       FOR UPDATE
+), opened AS (
+    UPDATE quotas q
+       SET used = 0, period = p_period,
+           (chain_seq, chain_prev, chain_id, chain_at, chain_hash) = (
+               SELECT * FROM ledger_link(q.chain_seq, q.chain_hash, q.account_id, q.metric, p_period, 'reset',
+                                         b.used, 0, NULL, NULL, 'period-open:' || p_period, p_actor))
+      FROM batch b
+     WHERE q.account_id = ANY(p_account_ids)
+       AND q.account_id = b.account_id AND q.metric = b.metric AND b.used > 0
+ RETURNING q.account_id, q.metric, b.used AS cleared, q.chain_id, q.chain_at, q.chain_seq, q.chain_prev,
+           q.chain_hash
+), emptied AS (  -- held nothing: the period moves on, no ledger row, the chain stays where it is
+    UPDATE quotas q
+       SET period = p_period
+      FROM batch b
+     WHERE q.account_id = ANY(p_account_ids)
+       AND q.account_id = b.account_id AND q.metric = b.metric AND b.used = 0
+ RETURNING 1
+), entries AS (
+    INSERT INTO ledger (id, at, seq, account_id, metric, period, kind, units, used_after, idempotency_key, actor,
+                        prev_hash, hash)
+    OVERRIDING SYSTEM VALUE
+    SELECT o.chain_id, o.chain_at, o.chain_seq, o.account_id, o.metric, p_period, 'reset', o.cleared, 0,
+           'period-open:' || p_period, p_actor, o.chain_prev, o.chain_hash
+      FROM opened o
+ RETURNING 1
+)
+SELECT (SELECT count(*) FROM opened) + (SELECT count(*) FROM emptied), (SELECT count(*) FROM entries);
+END
+$f$;
+
+-- One audit row (service/audit.py), stamped with the database's clock and id: the service's role
+-- records what it did, it cannot backdate or renumber the log.
+CREATE OR REPLACE FUNCTION audit_append(
+    p_actor text, p_action text, p_account_id text, p_metric text, p_old jsonb, p_new jsonb
+) RETURNS void
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
+    INSERT INTO audit_log (actor, action, account_id, metric, old, new)
+    VALUES (p_actor, p_action, p_account_id, p_metric, p_old, p_new)
+$$;
+
+-- Who may call what: the writers are the service's, ledger_link nobody's but the owner's.
+REVOKE ALL ON FUNCTION ledger_link(bigint, bytea, text, text, text, text, bigint, bigint, bigint, bigint, text, text)
+    FROM PUBLIC;
+DO $$
+DECLARE
+    writer text;
+BEGIN
+    FOREACH writer IN ARRAY ARRAY[
+        'ledger_take(text, text, bigint, text, text, text)',
+        'ledger_roll_over(text, text, text, text)',
+        'ledger_release(text, bigint, text, text)',
+        'ledger_admin_reset(text, text, text, text)',
+        'ledger_reset_group(text[], text, text, text, text, text, text, text, text)',
+        'audit_append(text, text, text, text, jsonb, jsonb)'
+    ] LOOP
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', writer);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO quota_app', writer);
+    END LOOP;
+END
+$$;
+
+-- What the service's role still writes of quotas directly, column by column (migrations/0016): new
+-- counter rows, and their limits, override and deletion flag; never used, period or chain_*. Citus
+-- copies table privileges to the shards but not column privileges, so on Citus the same grant is
+-- made on every shard of quotas here, on every `migrate`: run it again after moving shards.
+DO $$
+DECLARE
+    grant_quotas constant text := 'GRANT INSERT (account_id, metric, plan_limit, free_limit, lapsed, account_deleted, '
+        'period), UPDATE (plan_limit, free_limit, override_set, override_limit, lapsed, account_deleted) '
+        'ON %s TO quota_app';
+BEGIN
+    EXECUTE format(grant_quotas, 'quotas');
+    IF EXISTS (SELECT FROM pg_extension WHERE extname = 'citus') THEN
+        IF EXISTS (SELECT FROM run_command_on_shards('quotas', grant_quotas) WHERE NOT success) THEN
+            RAISE EXCEPTION 'could not grant quota_app its columns of quotas on every shard';
+        END IF;
+    END IF;
+END
+$$;
