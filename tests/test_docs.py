@@ -239,3 +239,36 @@ def test_relative_links_resolve(page: Path) -> None:
         assert ROOT in dest.parents or dest == ROOT, f"{where}: {target} leaves the repository"
         if anchor and dest.suffix == ".md":
             assert anchor in anchors(dest), f"{page.relative_to(ROOT)}: {target}: no such heading"
+
+
+# --- the folder map ----------------------------------------------------------------------------
+
+
+def _folder_map() -> str:
+    block = marked(ROOT / "README.md", "The folder map")
+    return block.split("```")[1]
+
+
+def test_the_folder_map_names_every_part_of_the_tree() -> None:
+    """Every top-level folder of the repository, every package and module of service/ and every
+    package of it is in the README's map, so a newcomer finds where a thing lives from the map."""
+    text = _folder_map()
+    words = set(re.findall(r"[A-Za-z_][\w.-]*/?", text))
+    top = {p.name + "/" for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
+    top -= {"node_modules/", "build/", "dist/"} | {p.name + "/" for p in ROOT.glob("*.egg-info")}
+    service = ROOT / "service"
+    parts = {p.name + "/" for p in service.iterdir() if (p / "__init__.py").exists()}
+    parts |= {p.name for p in service.glob("*.py") if p.name not in ("__init__.py",)}
+    for package in [p for p in service.iterdir() if (p / "__init__.py").exists()]:
+        parts |= {f"{q.name}/" for q in package.iterdir() if (q / "__init__.py").exists()}
+    missing = sorted(name for name in top | parts if name not in words and name.rstrip("/") not in words)
+    assert not missing, f"the README's folder map does not name {missing}"
+
+
+def test_the_folder_map_names_only_what_exists() -> None:
+    """Each file or folder the map names (`name.py`, `name/`) exists somewhere in the tree."""
+    text = _folder_map()
+    named = set(re.findall(r"\b([A-Za-z_][\w-]*(?:\.py|/))", text))
+    tree = {p.name for p in ROOT.rglob("*") if ".venv" not in p.parts and ".git" not in p.parts}
+    gone = sorted(n for n in named if n.rstrip("/") not in tree)
+    assert not gone, f"the README's folder map names what is not in the tree: {gone}"
