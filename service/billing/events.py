@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from service.errors import MalformedWebhook
 from service.vocabulary import PROVIDER_STATUSES
 
 STATUSES = PROVIDER_STATUSES  # the subscription statuses a provider can give
@@ -27,6 +28,28 @@ class Envelope:
     occurred_at: datetime  # the provider's event time (Stripe `created`, RevenueCat `event_timestamp_ms`)
     body: str = field(repr=False)
     data: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def of(
+        cls,
+        provider: str,
+        *,
+        event_id: str | None,
+        type_: str | None,
+        occurred_at: datetime | None,
+        time_field: str,
+        body: str,
+        data: dict[str, Any],
+    ) -> Envelope:
+        """The envelope of a parsed delivery, or MalformedWebhook when the id, type or event time
+        (`time_field`, named in the message) is missing or will not fit the inbox."""
+        if not event_id or len(event_id) > 255 or not type_ or len(type_) > 255:
+            raise MalformedWebhook("the event has no valid id or type")
+        if occurred_at is None:
+            raise MalformedWebhook(f"the event has no valid {time_field}")
+        return cls(
+            provider=provider, event_id=event_id, type=type_, occurred_at=occurred_at, body=body, data=data
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

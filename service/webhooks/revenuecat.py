@@ -76,17 +76,12 @@ def parse(body: bytes) -> Envelope:
     event = obj(data, "event")
     if event is None:
         raise MalformedWebhook('the body is not a RevenueCat event (an object with an "event" object)')
-    event_id, type_ = text(event, "id"), text(event, "type")
-    if not event_id or len(event_id) > 255 or not type_ or len(type_) > 255:
-        raise MalformedWebhook("the event has no valid id or type")
-    occurred_at = since_epoch(integer(event, "event_timestamp_ms"), per_second=1000)
-    if occurred_at is None:
-        raise MalformedWebhook("the event has no valid event_timestamp_ms")
-    return Envelope(
-        provider=PROVIDER,
-        event_id=event_id,
-        type=type_,
-        occurred_at=occurred_at,
+    return Envelope.of(
+        PROVIDER,
+        event_id=text(event, "id"),
+        type_=text(event, "type"),
+        occurred_at=since_epoch(integer(event, "event_timestamp_ms"), per_second=1000),
+        time_field="event_timestamp_ms",
         body=payload,
         data=data,
     )

@@ -108,17 +108,12 @@ def _envelope(payload: str) -> Envelope:
         raise MalformedWebhook(f"the body is not JSON this service can store ({e})") from None
     if not isinstance(data, dict) or data.get("object") != "event":
         raise MalformedWebhook('the body is not a Stripe event (an object with "object": "event")')
-    event_id, type_ = text(data, "id"), text(data, "type")
-    if not event_id or len(event_id) > 255 or not type_ or len(type_) > 255:
-        raise MalformedWebhook("the event has no valid id or type")
-    occurred_at = since_epoch(integer(data, "created"))
-    if occurred_at is None:
-        raise MalformedWebhook("the event has no valid created timestamp")
-    return Envelope(
-        provider=PROVIDER,
-        event_id=event_id,
-        type=type_,
-        occurred_at=occurred_at,
+    return Envelope.of(
+        PROVIDER,
+        event_id=text(data, "id"),
+        type_=text(data, "type"),
+        occurred_at=since_epoch(integer(data, "created")),
+        time_field="created timestamp",
         body=payload,
         data=data,
     )
