@@ -1,35 +1,10 @@
 """The monthly reset: every live counter starts the calendar month (UTC) from zero, exactly once.
 
-It is the lazy rollover of `takes.take` done eagerly, in batches, for all counters still holding an
-earlier period. Why it happens once per (account, metric, period), however many workers, beats,
-retries or redeliveries run it:
-
-- Each batch is one transaction that first takes `pg_try_advisory_xact_lock(RESET_LOCK_KEY)`;
-  busy means another runner is working, and this one skips. The lock only avoids duplicate work.
-- The `job_runs` row (job 'monthly_reset', period) is claimed under the lock; once it is `done`
-  every later run is a no-op. It also holds the keyset cursor of the last committed batch, so a
-  run killed midway resumes there.
-- The batch statement (`reset_group`) only touches counters with `period < P`, row-locked, and
-  moves them to P in the same statement that writes their reset ledger row. A counter already in
-  P (opened by a take's rollover, or by an earlier batch) never matches again, and the unique
-  period-open index refuses a second reset row for the same counter and period.
-
-Batches of one shard. The next counters are read without locks (`reset_pick`, several batches'
-worth), grouped by the shard that holds their accounts (`account_shard`, migrations/0014), and each
-group is a batch: one transaction whose statements name its accounts, so that on Citus it locks
-rows on one shard only and never on every shard at once (Citus refuses a row lock across shards
-anyway). On one PostgreSQL every account is in one shard: the groups are consecutive batches of
-`batch_size` counters, each reset by one set-based statement as before. The run's cursor moves past
-a pick once all its groups are reset; a group that another runner reset first simply finds its
-counters in P.
-
-Pacing. The job has no reason to be fast: the lazy rollover keeps every take right from the first
-second of the month, so the job only has to finish well within the hourly catch-up. It runs small
-batches (each row lock short) and sleeps between them so that batches take at most `duty` of the
-wall time: a batch that took longer because the database is busy (with takes, say) is followed by
-a longer sleep, so the job yields to the load it would otherwise slow down. `min_rate` bounds that
-yielding, so a run still finishes in bounded time (1,000,000 counters at 1,500/s: 11 minutes, as
-long as one batch takes less than batch_size / min_rate; past that there is no rest at all).
+It is the lazy rollover of `takes.take` done eagerly, in paced batches of one shard each. Once per
+(account, metric, period) holds by construction: a try-lock per batch (busy: skip), the claimed
+`job_runs` row (done: a no-op; its cursor resumes a killed run), and a batch statement that only
+touches counters still in an earlier period, with a unique index refusing a second reset row. Why
+each piece is there, and how the pacing yields to takes: docs/design/reset.md.
 """
 
 from __future__ import annotations
