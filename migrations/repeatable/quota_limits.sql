@@ -20,8 +20,12 @@ CREATE OR REPLACE FUNCTION quota_set_plan_limits(
 ) RETURNS TABLE (account_id text, metric text, old_plan_limit bigint, new_plan_limit bigint,
                  old_free_limit bigint, new_free_limit bigint, old_lapsed boolean, new_lapsed boolean,
                  override_set boolean, override_limit bigint)
--- SECURITY DEFINER: it appends to the audit log, which the service's role may not (migrations/0016).
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
+-- It runs as its caller and appends to the audit log through audit_append (ledger_writers.sql), the
+-- one writer the service's role may call: as a SECURITY DEFINER function it would write quotas as
+-- another user than the rest of the delivery's transaction, which Citus refuses on one placement.
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    r record;
 BEGIN
     -- The rows to change, locked first (a statement of its own: Citus mishandles a locking CTE's
     -- result); the next statement's snapshot reads them as locked.
@@ -34,7 +38,7 @@ BEGIN
             OR q.lapsed <> t.lapsed)
      ORDER BY q.metric
        FOR UPDATE OF q;
-    RETURN QUERY
+    FOR r IN
     WITH target AS (
         SELECT * FROM unnest(p_metrics, p_plan_limits, p_free_limits, p_lapsed)
                       AS t (metric, plan_limit, free_limit, lapsed)
@@ -51,21 +55,25 @@ BEGIN
           FROM target t, old
          WHERE q.account_id = p_account_id AND q.metric = t.metric AND old.metric = t.metric
      RETURNING q.metric, q.plan_limit, q.free_limit, q.lapsed
-    ), audited AS (
-        INSERT INTO audit_log (actor, action, account_id, metric, old, new)
-        SELECT p_actor, 'plan_limit_changed', p_account_id, c.metric,
-               jsonb_build_object('plan_limit', o.plan_limit, 'free_limit', o.free_limit,
-                                  'lapsed', o.lapsed),
-               jsonb_build_object('plan_limit', c.plan_limit, 'free_limit', c.free_limit,
-                                  'lapsed', c.lapsed)
-          FROM changed c JOIN old o ON o.metric = c.metric
-     RETURNING 1
     )
-    SELECT p_account_id, c.metric::text, o.plan_limit::bigint, c.plan_limit::bigint,
-           o.free_limit::bigint, c.free_limit::bigint, o.lapsed, c.lapsed,
-           o.override_set, o.override_limit::bigint
+    SELECT c.metric::text AS metric, o.plan_limit::bigint AS old_plan, c.plan_limit::bigint AS new_plan,
+           o.free_limit::bigint AS old_free, c.free_limit::bigint AS new_free, o.lapsed AS old_lapsed,
+           c.lapsed AS new_lapsed, o.override_set, o.override_limit::bigint AS override_limit
       FROM changed c JOIN old o ON o.metric = c.metric
-     ORDER BY 2;
+     ORDER BY 1
+    LOOP
+        PERFORM audit_append(p_actor, 'plan_limit_changed', p_account_id, r.metric,
+                             jsonb_build_object('plan_limit', r.old_plan, 'free_limit', r.old_free,
+                                                'lapsed', r.old_lapsed),
+                             jsonb_build_object('plan_limit', r.new_plan, 'free_limit', r.new_free,
+                                                'lapsed', r.new_lapsed));
+        account_id := p_account_id; metric := r.metric;
+        old_plan_limit := r.old_plan; new_plan_limit := r.new_plan;
+        old_free_limit := r.old_free; new_free_limit := r.new_free;
+        old_lapsed := r.old_lapsed; new_lapsed := r.new_lapsed;
+        override_set := r.override_set; override_limit := r.override_limit;
+        RETURN NEXT;
+    END LOOP;
 END
 $$;
 
