@@ -13,7 +13,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg.types.json import Jsonb
 
 from service import audit, keys
 from service.quota import takes
