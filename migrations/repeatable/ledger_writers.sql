@@ -173,8 +173,12 @@ CREATE OR REPLACE FUNCTION ledger_admin_reset(p_account_id text, p_metric text, 
 RETURNS TABLE (id bigint, previous bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $f$
 #variable_conflict use_column
+DECLARE
+    r record;
 BEGIN
-RETURN QUERY
+-- The audit row is written here, by the same user as the reset: on Citus a transaction may not
+-- write a node's placements as two users (docs/design/ledger-writers.md).
+FOR r IN
 WITH prior AS (
     SELECT q.account_id, q.metric, q.used
       FROM quotas q
@@ -196,7 +200,15 @@ OVERRIDING SYSTEM VALUE
 SELECT c.chain_id, c.chain_at, c.chain_seq, c.account_id, c.metric, p_period, 'reset', c.previous, 0, p_actor,
        c.chain_prev, c.chain_hash
   FROM cleared c
-RETURNING ledger.id, ledger.units;
+RETURNING ledger.id, ledger.units
+LOOP
+    id := r.id; previous := r.units;
+    RETURN NEXT;
+END LOOP;
+INSERT INTO audit_log (actor, action, account_id, metric, old, new)
+VALUES (p_actor, 'counter_reset', p_account_id, p_metric,
+        jsonb_build_object('used', coalesce(previous, 0), 'period', p_period),
+        jsonb_build_object('used', 0, 'period', p_period, 'ledger_id', id));
 END
 $f$;
 

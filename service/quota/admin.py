@@ -35,16 +35,8 @@ def reset_counter(
         # A counter still in an earlier month is first opened into this one, as a take would.
         roll_over(conn, account_id=account_id, metric=metric, period=period)
         row = cur.execute(Q.admin_reset, params).fetchone()  # none: the counter held nothing
+        # ledger_admin_reset writes the audit row too (`counter_reset`), as the same user.
         previous = int(row["previous"]) if row else 0
-        audit.record(
-            conn,
-            actor=actor,
-            action="counter_reset",
-            account_id=account_id,
-            metric=metric,
-            old={"used": previous, "period": period},
-            new={"used": 0, "period": period, "ledger_id": row["id"] if row else None},
-        )
     return previous
 
 
