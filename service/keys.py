@@ -1,7 +1,8 @@
 """API keys: random 256-bit secrets, stored only as their SHA-256, each with a name and a role.
 
 A fast hash is the right one here: the keys are random, not passwords, so there is nothing to
-brute-force, and every request verifies one.
+brute-force, and every request verifies one. A name has one live key; rotating it issues the next
+one and gives the keys it replaces an end (their grace), so a service rolls its key without a gap.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from psycopg.rows import class_row, dict_row
 
@@ -22,8 +24,12 @@ PREFIX = "qlk_"
 
 @dataclass(frozen=True)
 class KeyOwner:
+    """Who a verified key belongs to; `expires_in`: the seconds left to a rotated key's grace (None:
+    it has no end)."""
+
     name: str
     role: str
+    expires_in: float | None = None
 
 
 def hash_key(key: str) -> bytes:
@@ -36,6 +42,21 @@ class KeyListing:
     role: str
     created_at: str
     revoked_at: str | None
+    expires_at: str | None
+    expired: bool | None
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """A rotation's outcome: the new key's secret (shown once) and until when the old one is accepted."""
+
+    key: str
+    role: str
+    old_until: datetime
+
+
+def _new_secret() -> str:
+    return PREFIX + secrets.token_urlsafe(32)
 
 
 def create_key(conn: Connection, *, name: str, role: str, actor: str = "cli") -> str:
@@ -44,7 +65,7 @@ def create_key(conn: Connection, *, name: str, role: str, actor: str = "cli") ->
     UniqueViolation)."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}")
-    key = PREFIX + secrets.token_urlsafe(32)
+    key = _new_secret()
     with transaction(conn):
         conn.execute(Q.key_insert, {"name": name, "role": role, "key_hash": hash_key(key)})
         audit.record(conn, actor=actor, action="key_created", old=None, new={"name": name, "role": role})
@@ -60,12 +81,38 @@ def reissue_key(conn: Connection, *, name: str, role: str, actor: str) -> str:
         return create_key(conn, name=name, role=role, actor=actor)
 
 
-def revoke_key(conn: Connection, *, name: str, actor: str = "cli") -> bool:
-    """Revoke the live key called `name`, audited as `actor`; False if there was none."""
+def rotate_key(conn: Connection, *, name: str, grace: timedelta, actor: str = "cli") -> Rotation | None:
+    """Issue a new key for the live key `name`, with its role, and keep the key it replaces accepted
+    for `grace` more (a key rotated earlier keeps its own end if that comes sooner); None if `name`
+    has no live key. Audited as `actor` (`key_rotated`)."""
+    if grace < timedelta(0):
+        raise ValueError("a grace period is not negative")
+    key = _new_secret()
     with transaction(conn), conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(Q.key_revoke, {"name": name}).fetchone()
-        if row is None:
+        live = cur.execute(Q.key_live, {"name": name, "grace": grace}).fetchone()
+        if live is None:
+            return None
+        role, until = live["role"], live["old_until"]
+        cur.execute(Q.key_expire, {"name": name, "until": until})
+        cur.execute(Q.key_insert, {"name": name, "role": role, "key_hash": hash_key(key)})
+        audit.record(
+            conn,
+            actor=actor,
+            action="key_rotated",
+            old={"name": name, "role": role, "old_key_until": None},
+            new={"name": name, "role": role, "old_key_until": until.isoformat()},
+        )
+    return Rotation(key=key, role=role, old_until=until)
+
+
+def revoke_key(conn: Connection, *, name: str, actor: str = "cli") -> bool:
+    """Revoke every key called `name` still accepted (the live one and any rotated one in its grace),
+    audited as `actor`; False if there was none."""
+    with transaction(conn), conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(Q.key_revoke, {"name": name}).fetchall()
+        if not rows:
             return False
+        row = next((r for r in rows if r["live"]), rows[0])
         audit.record(
             conn,
             actor=actor,
@@ -77,7 +124,7 @@ def revoke_key(conn: Connection, *, name: str, actor: str = "cli") -> bool:
 
 
 def verify_key(conn: Connection, key: str) -> KeyOwner | None:
-    """The owner of a live key, or None."""
+    """The owner of a key still accepted (live, or rotated and in its grace), or None."""
     with conn.cursor(row_factory=class_row(KeyOwner)) as cur:
         return cur.execute(Q.key_verify, {"key_hash": hash_key(key)}).fetchone()
 

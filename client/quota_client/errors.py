@@ -26,7 +26,8 @@ class ApiError(QuotaClientError):
 
 
 class AuthError(ApiError):
-    """The API key is missing, unknown or revoked (401), or its role may not do this (403)."""
+    """The API key is missing, unknown, revoked or past its rotation grace (401), or its role may not do
+    this (403)."""
 
 
 class ValidationError(ApiError):

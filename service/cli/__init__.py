@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -92,7 +93,9 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 # The service's role only reads API keys (migrations/0016).
-OWNER_ONLY = "keys are created and revoked as the tables' owner: run this with the DATABASE_URL migrate uses"
+OWNER_ONLY = (
+    "keys are created, rotated and revoked as the tables' owner: run this with the DATABASE_URL migrate uses"
+)
 
 
 def cmd_keys_create(args: argparse.Namespace) -> int:
@@ -131,13 +134,52 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
+DEFAULT_GRACE = "24h"
+_DURATION_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+
+
+def _duration(text: str) -> timedelta:
+    """A whole number with a unit, s, m, h or d (30m, 24h, 7d), or 0."""
+    number, unit = text[:-1], text[-1:]
+    if text == "0":
+        return timedelta(0)
+    if unit not in _DURATION_UNITS or not (number.isascii() and number.isdigit()):
+        raise UsageError(f"{text!r} is not a duration: a whole number with s, m, h or d (30m, 24h, 7d), or 0")
+    return timedelta(**{_DURATION_UNITS[unit]: int(number)})
+
+
+def cmd_keys_rotate(args: argparse.Namespace) -> int:
+    from service.keys import rotate_key
+
+    grace = _duration(args.grace)
+    with _connect(_settings()) as conn:
+        try:
+            rotation = rotate_key(conn, name=args.name, grace=grace, actor=_cli_actor())
+        except psycopg.errors.InsufficientPrivilege:
+            raise UsageError(OWNER_ONLY) from None
+        except psycopg.errors.UniqueViolation:  # another rotation of the name committed meanwhile
+            print(f"{args.name!r} was rotated by someone else meanwhile: see keys list", file=sys.stderr)
+            return 1
+    if rotation is None:
+        raise UsageError(f"no live key named {args.name!r} (keys list shows them)")
+    if grace:
+        until = rotation.old_until.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        old = f"the old key stays valid until {until} ({args.grace})"
+    else:
+        old = "the old key is no longer valid (running servers stop accepting it within KEY_CACHE_SECONDS)"
+    print(f"rotated {rotation.role} key {args.name!r}; {old}; the new key is shown only once:")
+    print(rotation.key)
+    return 0
+
+
 def cmd_keys_list(args: argparse.Namespace) -> int:
     from service.keys import list_keys
 
     with _connect(_settings()) as conn:
         for k in list_keys(conn):
             revoked = f"\trevoked {k.revoked_at}" if k.revoked_at else ""
-            print(f"{k.name}\t{k.role}\tcreated {k.created_at}{revoked}")
+            ends = f"\t{'expired' if k.expired else 'expires'} {k.expires_at}" if k.expires_at else ""
+            print(f"{k.name}\t{k.role}\tcreated {k.created_at}{ends}{revoked}")
     return 0
 
 
@@ -444,7 +486,7 @@ def cmd_inbox_stats(args: argparse.Namespace) -> int:
 
 def cmd_inbox_purge(args: argparse.Namespace) -> int:
     """Remove what the inbox's retention no longer keeps, the same code as the hourly task."""
-    from datetime import UTC, datetime
+    from datetime import datetime
 
     from service import webhooks
     from service.billing import inbox
@@ -541,18 +583,34 @@ def build_parser() -> argparse.ArgumentParser:
     migrate.set_defaults(func=cmd_migrate)
 
     keys = sub.add_parser(
-        "keys", help="manage API keys (create and revoke as the tables' owner, as migrate runs)"
+        "keys", help="manage API keys (create, rotate and revoke as the tables' owner, as migrate runs)"
     ).add_subparsers(dest="keys_command", required=True)
     create = keys.add_parser("create", help="create a key; its last line of output is the key alone")
     create.add_argument("--role", required=True, choices=list(Role))
     create.add_argument("--name", required=True)
     create.set_defaults(func=cmd_keys_create)
-    revoke = keys.add_parser("revoke", help="revoke a key by name")
+    rotate = keys.add_parser(
+        "rotate",
+        help="issue a new key for the live key NAME (same role) and keep the old one valid for the "
+        "grace, so a service rolls its key without a gap; its last line of output is the new key alone",
+    )
+    rotate.add_argument("name", metavar="NAME")
+    rotate.add_argument(
+        "--grace",
+        default=DEFAULT_GRACE,
+        metavar="DURATION",
+        help="how long the old key stays valid: a whole number with s, m, h or d (30m, 24h, 7d), "
+        "or 0 for not at all",
+    )
+    rotate.set_defaults(func=cmd_keys_rotate)
+    revoke = keys.add_parser(
+        "revoke", help="revoke a key by name (and the key it replaced, if that is still in its grace)"
+    )
     revoke.add_argument("name")
     revoke.set_defaults(func=cmd_keys_revoke)
-    keys.add_parser("list", help="list keys (names and roles, never secrets)").set_defaults(
-        func=cmd_keys_list
-    )
+    keys.add_parser(
+        "list", help="list keys (names, roles, and when rotated keys expire; never secrets)"
+    ).set_defaults(func=cmd_keys_list)
 
     from service.serve import DEFAULT_THREADS
 

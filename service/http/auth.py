@@ -19,7 +19,9 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 # Per-process cache of verified keys: saves a query per request; a revoked key keeps working for at
-# most KEY_CACHE_SECONDS here. Unknown keys are not cached, so a new key works at once.
+# most KEY_CACHE_SECONDS here. A rotated key is cached no longer than its grace has left (the
+# database's clock decides), so it stops when the grace ends. Unknown keys are not cached, so a new
+# key works at once.
 _cache: dict[bytes, tuple[KeyOwner, float]] = {}
 
 
@@ -41,10 +43,13 @@ def authenticate() -> KeyOwner:
         owner = verify_key(conn, key)
     if owner is None:
         _cache.pop(digest, None)
-        raise Unauthorized("unknown or revoked API key")
+        raise Unauthorized("unknown, revoked or expired API key (a rotated key ends with its grace)")
     if len(_cache) > 10_000:
         _cache.clear()
-    _cache[digest] = (owner, now + rt.settings.key_cache_seconds)
+    ttl = rt.settings.key_cache_seconds
+    if owner.expires_in is not None:
+        ttl = min(ttl, owner.expires_in)
+    _cache[digest] = (owner, now + ttl)
     return owner
 
 

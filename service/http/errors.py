@@ -46,7 +46,7 @@ class ApiError(Answer):
 
 
 class Unauthorized(ApiError):
-    """No API key, or one that is unknown or revoked."""
+    """No API key, or one that is unknown, revoked, or rotated and past its grace."""
 
     status, code = 401, "unauthorized"
 
