@@ -1,4 +1,5 @@
-"""Migrations apply to an empty database, and running them again is a no-op."""
+"""Migrations apply to an empty database, and running them again is a no-op; 0019 (key rotation)
+keeps the keys of a populated database, without a rewrite."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import sys
 from pathlib import Path
 
 import psycopg
+import pytest
+from yoyo import get_backend, read_migrations
 
-from service.migrate import MIGRATIONS_DIR, migrate
+from service.keys import KeyOwner, create_key, hash_key, verify_key
+from service.migrate import MIGRATIONS_DIR, migrate, yoyo_url
 
 TABLES = {"accounts", "quotas", "ledger", "api_keys", "audit_log"}
 
@@ -77,3 +81,31 @@ def test_the_app_role_can_use_the_rules(empty_db):
         # no subscription: the account's status becomes expired, its tier stays; no counter to change
         assert row == (True, 1, True, "expired", 0, 0, 0, True)
         c.rollback()
+
+
+def test_the_rotation_migration_keeps_the_keys_of_a_running_service(empty_db: str) -> None:
+    """0019 on a database with keys: each live key still works and stays its name's one live key,
+    a revoked one stays refused, and api_keys is not rewritten."""
+    every = read_migrations(str(MIGRATIONS_DIR))
+    backend = get_backend(yoyo_url(empty_db))
+    try:
+        backend.apply_migrations(
+            backend.to_apply(every.__class__([m for m in every if m.id < "0019"], every.post_apply))
+        )
+    finally:
+        backend.connection.close()
+    live, revoked = "qlk_live", "qlk_revoked"
+    with psycopg.connect(empty_db, autocommit=True) as c:  # as the owner, as `keys create` writes them
+        c.execute(
+            "INSERT INTO api_keys (name, role, key_hash, revoked_at)"
+            " VALUES ('svc', 'product', %s, NULL), ('svc', 'product', %s, now())",
+            (hash_key(live), hash_key(revoked)),
+        )
+        on_disk = c.execute("SELECT pg_relation_filenode('api_keys')").fetchone()
+    migrate(empty_db)
+    with psycopg.connect(empty_db, autocommit=True) as c:
+        assert c.execute("SELECT pg_relation_filenode('api_keys')").fetchone() == on_disk
+        assert verify_key(c, live) == KeyOwner(name="svc", role="product")
+        assert verify_key(c, revoked) is None
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            create_key(c, name="svc", role="product")
