@@ -270,11 +270,25 @@ def cmd_sync_plans(args: argparse.Namespace) -> int:
     settings = _settings()
     plans = _job_plans(settings)
 
+    progress = Progress("sync-plans", unit="accounts", allowed=not args.verbose)
+    bridged = (
+        JobLog(progress).attached("service.quota.plan_sync") if progress.on else contextlib.nullcontext()
+    )
+
     def show(change: LimitChange) -> None:
+        progress.clear()  # the changes may go to the same terminal
         print(change.describe(), flush=True)
 
-    with _connect(settings) as conn:
-        outcome = sync_plans(conn, plans, dry_run=args.dry_run, batch_size=args.batch_size, on_change=show)
+    with _connect(settings) as conn, progress, bridged:
+        progress.total = _rows_estimate(conn, "accounts")
+        outcome = sync_plans(
+            conn,
+            plans,
+            dry_run=args.dry_run,
+            batch_size=args.batch_size,
+            on_change=show,
+            on_progress=progress.update,
+        )
     print(outcome.message)
     return 0
 
@@ -282,10 +296,10 @@ def cmd_sync_plans(args: argparse.Namespace) -> int:
 EXPORT_PROGRESS_EVERY = 1000  # rows between the export's progress updates (each redraw is throttled)
 
 
-def _ledger_rows_estimate(conn: psycopg.Connection[Any]) -> int | None:
-    """The planner's row count of the ledger, for a progress ETA without counting (None: unknown,
-    as on a Citus coordinator, whose table holds no rows itself)."""
-    row = conn.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = 'ledger'::regclass").fetchone()
+def _rows_estimate(conn: psycopg.Connection[Any], table: str) -> int | None:
+    """The planner's row count of `table`, for a progress ETA without counting (None: unknown, as
+    on a Citus coordinator, whose table holds no rows itself, or before the first ANALYZE)."""
+    row = conn.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass", (table,)).fetchone()
     return row[0] if row and row[0] > 0 else None
 
 
@@ -341,7 +355,7 @@ def cmd_ledger_verify(args: argparse.Namespace) -> int:
     started = time.monotonic()
     with _connect(settings) as conn, Progress("ledger verify") as progress:
         if not args.account and not args.since:
-            progress.total = _ledger_rows_estimate(conn)
+            progress.total = _rows_estimate(conn, "ledger")
 
         def show(finding: chain.Finding) -> None:
             progress.clear()
@@ -380,7 +394,7 @@ def cmd_ledger_checkpoint(args: argparse.Namespace) -> int:
         return 2
     try:
         with _connect(settings) as conn, Progress("ledger checkpoint") as progress:
-            progress.total = _ledger_rows_estimate(conn)
+            progress.total = _rows_estimate(conn, "ledger")
             report = progress.update
             if args.output:
                 written = checkpoint.write_file(conn, key, Path(args.output), on_progress=report)

@@ -196,12 +196,14 @@ def sync_plans(
     batch_size: int = DEFAULT_BATCH_SIZE,
     actor: str = ACTOR,
     on_change: Callable[[LimitChange], None] | None = None,
+    on_progress: Callable[[int], None] | None = None,
     period: str | None = None,
 ) -> SyncOutcome:
     """Sync every live account's stored limits with `plans`, in batches of `batch_size` accounts,
     each batch's group of one shard (on one PostgreSQL: the batch) its own transaction under the
     plan-sync advisory lock (busy: skip). `on_change` is called for each change (made, or with
-    `dry_run` that would be made). Load `plans` with `load_plans` first: a broken config raises
+    `dry_run` that would be made), `on_progress` with the accounts checked so far after each group
+    (every 100th is logged at INFO too). Load `plans` with `load_plans` first: a broken config raises
     there and nothing is changed. Needs an autocommit connection. New counter rows open in
     `period` (default: the current one). The caller reports the changes and the outcome (the task
     logs them, the command prints them): said here too, a command run with -v would show each
@@ -210,7 +212,7 @@ def sync_plans(
     period = period or periods.current_period()
     after = ""
     groups: deque[list[str]] = deque()  # the current batch's groups not yet synced
-    accounts = changes = created = overrides = retries = 0
+    accounts = changes = created = overrides = retries = steps = 0
     while True:
         if not groups:
             picked, after = _pick(conn, after=after, batch_size=batch_size)
@@ -241,6 +243,11 @@ def sync_plans(
                 overrides += change.override_set
             if on_change is not None:
                 on_change(change)
+        steps += 1
+        if on_progress is not None:
+            on_progress(accounts)
+        if steps % 100 == 0:
+            log.info("plan sync: %d accounts checked so far", accounts)
     return SyncOutcome(
         status="done",
         dry_run=dry_run,

@@ -1,6 +1,6 @@
-"""Long commands show progress on a terminal and print nothing extra without one: `ledger verify`
-and `ledger export` run with standard error on a pseudo-terminal, then on a pipe; the monthly
-reset's log-driven progress line, drawn on a pseudo-terminal."""
+"""Long commands show progress on a terminal and print nothing extra without one: `ledger verify`,
+`ledger export` and `sync-plans` run with standard error on a pseudo-terminal, then on a pipe; the
+monthly reset's log-driven progress line, drawn on a pseudo-terminal."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import sys
 from typing import Any
 
 from service.cli.progress import JobLog, Progress
+from tests.conftest import PLANS_FILE
+from tests.db.helpers import new_account
 from tests.db.test_finance_commands import PERIOD, _workload
 
 # Report every row, so that a small ledger shows progress (the thresholds are for real ledgers).
@@ -20,10 +22,12 @@ EVERY_ROW = (
 )
 
 
-def run(db_url: str, *args: str, tty: bool) -> tuple[subprocess.CompletedProcess[bytes], str]:
+def run(
+    db_url: str, *args: str, tty: bool, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[bytes], str]:
     """The command with standard error on a pseudo-terminal (tty) or a pipe; (process, stderr)."""
     code = f"import sys\n{EVERY_ROW}\nsys.exit(cli.main(sys.argv[1:]))"
-    env = {**os.environ, "DATABASE_URL": db_url}
+    env = {**os.environ, **(env or {}), "DATABASE_URL": db_url}
     argv = [sys.executable, "-c", code, *args]
     if not tty:
         done = subprocess.run(argv, env=env, capture_output=True, timeout=120)
@@ -68,6 +72,24 @@ def test_verify_and_export_show_progress_on_a_terminal_only(conn: Any, db_url: s
     assert run(db_url, *verify, tty=False)[1] == ""
     assert "ledger verify: 9 rows checked" in run(db_url, *verify, tty=False)[0].stdout.decode()
     assert run(db_url, *export, tty=False)[1].strip().splitlines() == [f"ledger export {PERIOD}: 9 rows"]
+
+
+def test_sync_plans_shows_progress_on_a_terminal_only(conn: Any, db_url: str, plans: Any) -> None:
+    for _ in range(5):
+        new_account(conn, plans)
+    conn.execute("ANALYZE accounts")  # the planner's estimate is the line's total
+    env = {"PLANS_FILE": str(PLANS_FILE)}
+    sync = ("sync-plans", "--batch-size", "2")
+    on_tty, err = run(db_url, *sync, tty=True, env=env)
+    assert on_tty.returncode == 0, err
+    assert "\rsync-plans: 2 accounts, " in err and " accounts/s, 40% of ~5, ETA " in err, err
+    assert "\r\x1b[K" in err  # erased before the outcome prints
+    assert "plan sync: 5 accounts checked" in on_tty.stdout.decode()
+    in_log, log = run(db_url, *sync, tty=False, env=env)
+    assert in_log.returncode == 0 and log == "", log  # a log gets no progress
+    assert "plan sync: 5 accounts checked" in in_log.stdout.decode()
+    verbose, logged = run(db_url, *sync, "-v", tty=True, env=env)
+    assert verbose.returncode == 0 and "\r" not in logged, logged  # -v logs instead
 
 
 def test_the_reset_progress_line_follows_its_log() -> None:
