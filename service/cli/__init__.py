@@ -135,16 +135,17 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
 
 
 DEFAULT_GRACE = "24h"
+DURATION = "a whole number with s, m, h or d (30m, 24h, 7d), or 0"
 _DURATION_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
 
 def _duration(text: str) -> timedelta:
-    """A whole number with a unit, s, m, h or d (30m, 24h, 7d), or 0."""
+    """A DURATION as a timedelta; anything else is a usage error."""
     number, unit = text[:-1], text[-1:]
     if text == "0":
         return timedelta(0)
     if unit not in _DURATION_UNITS or not (number.isascii() and number.isdigit()):
-        raise UsageError(f"{text!r} is not a duration: a whole number with s, m, h or d (30m, 24h, 7d), or 0")
+        raise UsageError(f"{text!r} is not a duration: {DURATION}")
     return timedelta(**{_DURATION_UNITS[unit]: int(number)})
 
 
@@ -613,8 +614,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--grace",
         default=DEFAULT_GRACE,
         metavar="DURATION",
-        help="how long the old key stays valid: a whole number with s, m, h or d (30m, 24h, 7d), "
-        "or 0 for not at all",
+        help=f"how long the old key stays valid: {DURATION} for not at all",
     )
     rotate.set_defaults(func=cmd_keys_rotate)
     revoke = keys.add_parser(
