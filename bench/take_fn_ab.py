@@ -17,8 +17,8 @@ per-repetition ratios to the first side, and the load average at the start and t
 
 Sides: `statement` (the service's take, service/quota/takes.sql), `before` (the take statement as
 it was before the writers became functions, bench/take_before.sql), any function of the
-candidates file or the service by name; `<side>@unchecked` runs in a copy of --db without the
-ledger CHECK constraints of migrations/0016.
+candidates file or the service by name; `<side>@unchecked` runs in a copy of --db with the schema
+as it was before migrations 0016 and 0021 (SCHEMA_BEFORE).
 
 --citus: the same turns on a local Citus cluster, CPU summed over its coordinator and workers.
 
@@ -64,10 +64,26 @@ from service.quota import periods  # noqa: E402
 CANDIDATES = HERE / "take_fn_candidates.sql"
 WRITERS = HERE.parent / "migrations" / "repeatable" / "ledger_writers.sql"
 BEFORE = HERE / "take_before.sql"
-# A side named `<side>@unchecked` runs in a copy of --db without the ledger's CHECK constraints of
-# migrations/0016: `before@unchecked` is the take as it was before 0016, schema included.
+# A side named `<side>@unchecked` runs in a copy of --db with the schema of the take as it was before
+# the writers became functions (main at 16a72a0): without migration 0016's CHECK on the ledger and
+# with 0021's domains and trigger back to the table CHECKs of 0001. `before@unchecked` is that take.
 UNCHECKED = "@unchecked"
-CHECKS_0016 = ("ledger_row_check",)
+SCHEMA_BEFORE = """
+ALTER TABLE ledger DROP CONSTRAINT IF EXISTS ledger_row_check, DROP CONSTRAINT IF EXISTS ledger_links_check,
+    ALTER COLUMN kind TYPE text, ALTER COLUMN units TYPE bigint, ALTER COLUMN used_after TYPE bigint,
+    ALTER COLUMN account_id TYPE text, ALTER COLUMN prev_hash TYPE bytea, ALTER COLUMN hash TYPE bytea;
+ALTER TABLE ledger
+    ADD CONSTRAINT ledger_kind_check CHECK (kind IN ('take', 'release', 'reset')),
+    ADD CONSTRAINT ledger_units_check CHECK (units >= 0),
+    ADD CONSTRAINT ledger_used_after_check CHECK (used_after >= 0),
+    ADD CONSTRAINT ledger_check CHECK ((kind = 'release') = (take_id IS NOT NULL));
+DROP TRIGGER quotas_limit_rules ON quotas;
+ALTER TABLE quotas
+    ADD CONSTRAINT quotas_plan_limit_check CHECK (plan_limit >= 0),
+    ADD CONSTRAINT quotas_free_limit_check CHECK (free_limit >= 0),
+    ADD CONSTRAINT quotas_override_limit_check CHECK (override_limit >= 0),
+    ADD CONSTRAINT quotas_check CHECK (override_set OR override_limit IS NULL);
+"""
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -169,15 +185,14 @@ def writer_variants() -> str:
 
 
 def unchecked_copy(pg: str, db: str) -> str:
-    """A copy of `db` without 0016's CHECK constraints on the ledger; returns its URL."""
+    """A copy of `db` with the schema of the take before 0016 (SCHEMA_BEFORE); returns its URL."""
     name = db + UNCHECKED.replace("@", "_")
     with psycopg.connect(pg, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{db}"')
     url = with_database(pg, name)
     with psycopg.connect(url, autocommit=True) as conn:
-        for check in CHECKS_0016:
-            conn.execute(f"ALTER TABLE ledger DROP CONSTRAINT {check}")
+        conn.execute(SCHEMA_BEFORE)  # a constant of ours, with no parameters
     return url
 
 

@@ -65,7 +65,7 @@ WITH granted AS (
  RETURNING ledger.id, ledger.metric, ledger.period, ledger.units, ledger.used_after, ledger.lim,
            ledger.limit_source
 )
-SELECT e.id, e.metric, e.units, e.used_after, e.lim, e.period, e.limit_source
+SELECT e.id, e.metric, e.units::bigint, e.used_after::bigint, e.lim, e.period, e.limit_source
   FROM entry e;
 END
 $f$;
@@ -160,7 +160,7 @@ WITH taken AS (
       FROM given g
  RETURNING ledger.id
 )
-SELECT true, g.take_id, g.account_id::text, g.metric, g.units, g.used::bigint, g.lim, g.period::text,
+SELECT true, g.take_id, g.account_id::text, g.metric, g.units::bigint, g.used::bigint, g.lim, g.period::text,
        g.limit_source, (SELECT e.id FROM entry e)
   FROM given g;
 END

@@ -26,11 +26,20 @@ VALUES ('stripe', 'cus_1', 'acct-1', 'evt_1');
 # Each statement breaks one rule and nothing else.
 REFUSED = {
     "account id pattern": "INSERT INTO accounts (id, kind, plan) VALUES ('has space', 'user', 'free')",
+    "account id too long": "INSERT INTO accounts (id, kind, plan) VALUES (repeat('a', 129), 'user', 'free')",
     "account kind": "INSERT INTO accounts (id, kind, plan) VALUES ('acct-2', 'robot', 'free')",
     "account status": "UPDATE accounts SET subscription_status = 'bogus' WHERE id = 'acct-1'",
     "quota used below zero": "UPDATE quotas SET used = -1 WHERE account_id = 'acct-1'",
     "quota period": "UPDATE quotas SET period = '2026-13' WHERE account_id = 'acct-1'",
     "plan limit below zero": "UPDATE quotas SET plan_limit = -1 WHERE account_id = 'acct-1'",
+    "free limit below zero": "UPDATE quotas SET free_limit = -1 WHERE account_id = 'acct-1'",
+    "override limit below zero": (
+        "UPDATE quotas SET override_set = true, override_limit = -1 WHERE account_id = 'acct-1'"
+    ),
+    "a new counter's limit below zero": (
+        "INSERT INTO quotas (account_id, metric, plan_limit, period)"
+        " VALUES ('acct-1', 'seats', -5, '2026-11')"
+    ),
     "override without its flag": "UPDATE quotas SET override_limit = 5 WHERE account_id = 'acct-1'",
     "subscription status 'none'": "UPDATE subscriptions SET status = 'none' WHERE subscription_id = 'sub_1'",
     "subscription provider": "UPDATE subscriptions SET provider = 'paypal' WHERE subscription_id = 'sub_1'",

@@ -41,7 +41,8 @@ def _forge(app: Conn, account: str) -> None:
         """INSERT INTO ledger (id, at, seq, account_id, metric, period, kind, units, used_after, lim, actor,
                                prev_hash, hash)
            OVERRIDING SYSTEM VALUE
-           SELECT e.id, e.at, %(seq)s, %(a)s, %(m)s, %(p)s, 'take', 40, 41, %(lim)s, 'test-admin', %(head)s,
+           SELECT e.id, e.at, %(seq)s, %(a)s::text, %(m)s, %(p)s, 'take', 40, 41, %(lim)s, 'test-admin',
+                  %(head)s,
                   ledger_hash(%(head)s, e.id, e.at, %(a)s, %(m)s, %(p)s, 'take', 40, 41, %(lim)s, NULL, NULL,
                               'test-admin')
              FROM (SELECT nextval('ledger_id_seq') AS id, '2020-01-15'::timestamptz AS at) AS e""",
@@ -160,6 +161,7 @@ def _insert_row(conn: Conn, account: str, **columns: object) -> None:
     [
         {"account_id": ""},
         {"account_id": "has space"},
+        {"account_id": "a" * 129},
         {"hash": b"\x00" * 31},
         {"seq": 2},  # no previous hash after the first row
         {"prev_hash": b"\x00" * 32},  # a previous hash at the first row
