@@ -19,9 +19,15 @@
 -- In place, as 0005: a column changes to a domain without a rewrite while the domain has no rule,
 -- so the rules are added after the switch, NOT VALID, then validated (one read of each table).
 --
+-- The three partial unique indexes of the ledger name `kind` in their conditions, so Postgres builds
+-- them again; with the validation, that holds the ledger's exclusive lock for a time that grows with
+-- the ledger (docs/operations.md, "Upgrading"). It gives up after 10 s of waiting for that lock
+-- rather than queue every take behind a long export; run it again.
+--
 -- One PostgreSQL only: on Citus a take's cost is its distributed execution (the rules are a point
 -- of it there), ledger.account_id is the distribution column, which cannot change type, and
 -- accounts.id left the domain (0012); the table CHECKs of 0001 and 0016 stay.
+SET LOCAL lock_timeout = '10s';
 DO $$
 BEGIN
     IF EXISTS (SELECT FROM pg_extension WHERE extname = 'citus') THEN
