@@ -31,6 +31,17 @@ LANGUAGE sql STABLE AS $$
       FROM (SELECT nextval('ledger_id_seq') AS id, clock_timestamp() AS at) AS e
 $$;
 
+-- The link that opens p_period on a counter (the lazy rollover and the monthly reset): a `reset`
+-- row that clears what the counter held, keyed `period-open:<period>` (the unique index
+-- ledger_one_period_open refuses a second). Inlined into the caller's SET as ledger_link is.
+CREATE OR REPLACE FUNCTION ledger_open_link(
+    head_seq bigint, head_hash bytea, account_id text, metric text, period text, cleared bigint, actor text
+) RETURNS TABLE (seq bigint, prev_hash bytea, id bigint, at timestamptz, hash bytea)
+LANGUAGE sql STABLE AS $$
+    SELECT * FROM ledger_link(head_seq, head_hash, account_id, metric, period, 'reset', cleared, 0, NULL, NULL,
+                              'period-open:' || period, actor)
+$$;
+
 -- The take (service/quota/takes.sql `take`), one statement: the conditional UPDATE re-checks
 -- `used + units <= lim` on the latest row version under READ COMMITTED, so concurrent takes neither
 -- overshoot nor lose an update, and the ledger row is written by the same statement. A duplicate
@@ -89,8 +100,8 @@ WITH prior AS (
     UPDATE quotas q
        SET used = 0, period = p_period,
            (chain_seq, chain_prev, chain_id, chain_at, chain_hash) = (
-               SELECT * FROM ledger_link(q.chain_seq, q.chain_hash, q.account_id, q.metric, p_period, 'reset',
-                                         prior.used, 0, NULL, NULL, 'period-open:' || p_period, p_actor))
+               SELECT * FROM ledger_open_link(q.chain_seq, q.chain_hash, q.account_id, q.metric, p_period,
+                                              prior.used, p_actor))
       FROM prior
      WHERE q.account_id = p_account_id AND q.account_id = prior.account_id AND q.metric = prior.metric
        AND prior.used > 0
@@ -242,8 +253,8 @@ WITH batch AS (
     UPDATE quotas q
        SET used = 0, period = p_period,
            (chain_seq, chain_prev, chain_id, chain_at, chain_hash) = (
-               SELECT * FROM ledger_link(q.chain_seq, q.chain_hash, q.account_id, q.metric, p_period, 'reset',
-                                         b.used, 0, NULL, NULL, 'period-open:' || p_period, p_actor))
+               SELECT * FROM ledger_open_link(q.chain_seq, q.chain_hash, q.account_id, q.metric, p_period, b.used,
+                                              p_actor))
       FROM batch b
      WHERE q.account_id = ANY(p_account_ids)
        AND q.account_id = b.account_id AND q.metric = b.metric AND b.used > 0
@@ -289,6 +300,7 @@ GRANT INSERT ON audit_log TO quota_app;
 -- Who may call what: the writers are the service's, ledger_link nobody's but the owner's.
 REVOKE ALL ON FUNCTION ledger_link(bigint, bytea, text, text, text, text, bigint, bigint, bigint, bigint, text, text)
     FROM PUBLIC;
+REVOKE ALL ON FUNCTION ledger_open_link(bigint, bytea, text, text, text, bigint, text) FROM PUBLIC;
 DO $$
 DECLARE
     writer text;
