@@ -370,8 +370,10 @@ BEGIN
 END
 $$;
 
--- What the service's role still writes of quotas directly, column by column (migrations/0016): new
--- counter rows, and their limits, override and deletion flag; never used, period or chain_*.
+-- What the service's role still writes of quotas directly (migrations/0016): new counter rows, column
+-- by column (ensure_quotas), never an existing row. Limits, override and deletion flag change only in
+-- the definer functions that audit the change (quota_set_plan_limits, quota_set_override,
+-- account_set_deleted); used, period and chain_* only in the ledger's writers.
 -- On Citus the coordinator checks the distributed table's column grants, but the INSERT it sends to
 -- a shard names every column that has a default (used, chain_seq, ...), so the shards get INSERT on
 -- the whole row (docs/design/ledger-writers.md: what that leaves open). run_command_on_shards uses
@@ -380,16 +382,15 @@ $$;
 -- Run `migrate` again after moving shards.
 DO $$
 DECLARE
-    grant_quotas constant text := 'GRANT INSERT (account_id, metric, plan_limit, free_limit, lapsed, account_deleted, '
-        'period), UPDATE (plan_limit, free_limit, override_set, override_limit, lapsed, account_deleted) '
-        'ON %1$s TO quota_app';
+    revoke_update constant text := 'REVOKE UPDATE ON %1$s FROM quota_app';
 BEGIN
     IF EXISTS (SELECT FROM pg_extension WHERE extname = 'citus') THEN
-        IF EXISTS (SELECT FROM run_command_on_shards('quotas', 'GRANT INSERT ON %1$s TO quota_app; '
-                                                               || grant_quotas) WHERE NOT success) THEN
-            RAISE EXCEPTION 'could not grant quota_app its columns of quotas on every shard';
+        IF EXISTS (SELECT FROM run_command_on_shards('quotas', revoke_update || '; GRANT INSERT ON %1$s TO quota_app')
+                    WHERE NOT success) THEN
+            RAISE EXCEPTION 'could not grant quota_app its privileges on every shard of quotas';
         END IF;
     END IF;
-    EXECUTE format(grant_quotas, 'quotas');
+    EXECUTE format(revoke_update, 'quotas');
+    GRANT INSERT (account_id, metric, plan_limit, free_limit, lapsed, account_deleted, period) ON quotas TO quota_app;
 END
 $$;

@@ -83,15 +83,29 @@ def test_the_chain_append_is_the_owner_s_alone(app: Conn) -> None:
 
 
 def test_the_service_s_role_still_does_its_work(conn: Conn, app: Conn, plans: Any) -> None:
-    """What the service does directly stays allowed: counters created, limits, overrides, deletion."""
+    """What the service does directly stays allowed: accounts and their counters created; takes and
+    releases through the writers."""
     account = new_account(app, plans)
     taken = takes.take(app, plans, account_id=account, metric=METRIC, actor="t")
     assert takes.release(app, take_id=taken.take_id, actor="t").released
-    app.execute(
-        "UPDATE quotas SET override_set = true, override_limit = 5, plan_limit = 7, free_limit = 7,"
-        " lapsed = false, account_deleted = false WHERE account_id = %s",
-        (account,),
-    )
+
+
+def test_a_counter_s_limits_change_only_with_their_audit_row(conn: Conn, app: Conn, plans: Any) -> None:
+    """The limits, the override and the deletion flag of an existing counter change only in the
+    functions that audit the change: the service's role may not UPDATE them."""
+    account = new_account(conn, plans)
+    before = conn.execute("SELECT * FROM quotas WHERE account_id = %s", (account,)).fetchall()
+    for column, value in {
+        "override_set": "true",
+        "override_limit": "5",
+        "plan_limit": "7",
+        "free_limit": "7",
+        "lapsed": "true",
+        "account_deleted": "true",
+    }.items():
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="quotas"):
+            app.execute(f"UPDATE quotas SET {column} = {value} WHERE account_id = %s", (account,))
+    assert conn.execute("SELECT * FROM quotas WHERE account_id = %s", (account,)).fetchall() == before
 
 
 def test_the_service_s_role_appends_no_audit_row_of_its_own(conn: Conn, app: Conn, plans: Any) -> None:
