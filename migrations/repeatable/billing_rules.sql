@@ -419,20 +419,11 @@ BEGIN
 END
 $f$;
 
--- Who may call the definer functions: the service's role those it calls (the delivery calls
--- billing_account_for_update and billing_set_tier as its caller); none is anyone else's.
-DO $$
-DECLARE
-    entry text;
-BEGIN
-    FOREACH entry IN ARRAY ARRAY[
-        'billing_lock_account(text)',
-        'billing_account_for_update(text)',
-        'billing_set_tier(text, text, text, text, boolean, text, text, text[], text[], bigint[])',
-        'audit_event_replayed(bigint, text)'
-    ] LOOP
-        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', entry);
-        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO quota_app', entry);
-    END LOOP;
-END
-$$;
+-- Who may call the definer functions (set_function_grants, migrations/0020): the service's role those
+-- it calls (the delivery calls billing_account_for_update and billing_set_tier as its caller).
+CALL set_function_grants(
+    ARRAY['billing_lock_account(text)',
+          'billing_account_for_update(text)',
+          'billing_set_tier(text, text, text, text, boolean, text, text, text[], text[], bigint[])',
+          'audit_event_replayed(bigint, text)'],
+    ARRAY[]::text[]);

@@ -343,32 +343,18 @@ $f$;
 -- append-only triggers and grants of 0001).
 REVOKE INSERT ON audit_log FROM quota_app;
 
--- Who may call what: the writers are the service's, ledger_link and audit_append the owner's alone.
-DO $$
-DECLARE
-    helper text;
-    writer text;
-BEGIN
-    FOREACH helper IN ARRAY ARRAY[
-        'ledger_link(bigint, bytea, text, text, text, text, bigint, bigint, bigint, bigint, text, text)',
-        'audit_append(text, text, text, text, jsonb, jsonb)'
-    ] LOOP
-        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC, quota_app', helper);
-    END LOOP;
-    FOREACH writer IN ARRAY ARRAY[
-        'ledger_take(text, text, bigint, text, text, text)',
-        'ledger_roll_over(text, text, text, text)',
-        'ledger_release(text, bigint, text, text)',
-        'ledger_admin_reset(text, text, text, text)',
-        'ledger_reset_group(text[], text, text, text, text, text, text, text, text)',
-        'quota_set_override(text, text, boolean, bigint, text)',
-        'account_set_deleted(text, boolean, text)'
-    ] LOOP
-        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', writer);
-        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO quota_app', writer);
-    END LOOP;
-END
-$$;
+-- Who may call what (set_function_grants, migrations/0020): the writers are the service's,
+-- ledger_link and audit_append the owner's alone.
+CALL set_function_grants(
+    ARRAY['ledger_take(text, text, bigint, text, text, text)',
+          'ledger_roll_over(text, text, text, text)',
+          'ledger_release(text, bigint, text, text)',
+          'ledger_admin_reset(text, text, text, text)',
+          'ledger_reset_group(text[], text, text, text, text, text, text, text, text)',
+          'quota_set_override(text, text, boolean, bigint, text)',
+          'account_set_deleted(text, boolean, text)'],
+    ARRAY['ledger_link(bigint, bytea, text, text, text, text, bigint, bigint, bigint, bigint, text, text)',
+          'audit_append(text, text, text, text, jsonb, jsonb)']);
 
 -- What the service's role still writes of quotas directly (migrations/0016): new counter rows, column
 -- by column (ensure_quotas), never an existing row. Limits, override and deletion flag change only in

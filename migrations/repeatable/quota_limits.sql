@@ -194,25 +194,11 @@ BEGIN
 END
 $f$;
 
--- Who may call what: plan sync's two functions are the service's; the rest is called by them and
--- by billing_set_tier, as the owner.
-DO $$
-DECLARE
-    fn text;
-BEGIN
-    FOREACH fn IN ARRAY ARRAY[
-        'quota_set_plan_limits(text, text[], bigint[], bigint[], boolean[], text)',
-        'quota_set_plan_limits_batch(text[], text[], bigint[], bigint[], boolean[], text)',
-        'quota_set_limits_for_plan(text, text, boolean, text, text, text[], text[], bigint[])'
-    ] LOOP
-        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC, quota_app', fn);
-    END LOOP;
-    FOREACH fn IN ARRAY ARRAY[
-        'quota_sync_lock_accounts(text[], text)',
-        'quota_sync_limits(text[], text[], bigint[], bigint[], boolean[], text, text)'
-    ] LOOP
-        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', fn);
-        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO quota_app', fn);
-    END LOOP;
-END
-$$;
+-- Who may call what (set_function_grants, migrations/0020): plan sync's two functions are the
+-- service's; the rest is called by them and by billing_set_tier, as the owner.
+CALL set_function_grants(
+    ARRAY['quota_sync_lock_accounts(text[], text)',
+          'quota_sync_limits(text[], text[], bigint[], bigint[], boolean[], text, text)'],
+    ARRAY['quota_set_plan_limits(text, text[], bigint[], bigint[], boolean[], text)',
+          'quota_set_plan_limits_batch(text[], text[], bigint[], bigint[], boolean[], text)',
+          'quota_set_limits_for_plan(text, text, boolean, text, text, text[], text[], bigint[])']);
