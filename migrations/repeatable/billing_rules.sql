@@ -223,16 +223,17 @@ $$;
 -- in one round trip and one commit; the same on one PostgreSQL and on Citus.
 --
 -- The account is p_account_id, and the first thing the function does is lock it (FOR NO KEY UPDATE,
--- which does not wait on the FOR KEY SHARE locks of foreign keys; billing_account_for_update). Every transaction that changes an
--- account's subscriptions holds that lock (account_lock, the expiry job, this function), and each
--- statement below takes a fresh snapshot under READ COMMITTED (a VOLATILE function), so every
--- statement after the lock sees every change to the account's subscriptions committed before it,
--- and a concurrent delivery for the same account waits rather than decides from an old snapshot.
--- Every statement names the account for the account tables (accounts, and quotas and audit_log in
--- billing_set_tier), so on Citus each is routed to the account's shard; the billing tables are
--- reference tables. It runs as its caller, the service's role, which writes the billing tables; the
--- account's tables are locked and written by the owner alone, in the definer functions it calls. A statement of its own each, because Citus mishandles the intermediate results
--- of a chain of data-modifying CTEs (README "Scaling out").
+-- which does not wait on the FOR KEY SHARE locks of foreign keys; billing_account_for_update). Every
+-- transaction that changes an account's subscriptions holds that lock (account_lock, the expiry job,
+-- this function), and each statement below takes a fresh snapshot under READ COMMITTED (a VOLATILE
+-- function), so every statement after the lock sees every change to the account's subscriptions
+-- committed before it, and a concurrent delivery for the same account waits rather than decides
+-- from an old snapshot. Every statement names the account for the account tables (accounts, and
+-- quotas and audit_log in billing_set_tier), so on Citus each is routed to the account's shard; the
+-- billing tables are reference tables. It runs as its caller, the service's role, which writes the
+-- billing tables; the account's tables are locked and written by the owner alone, in the definer
+-- functions it calls. A statement of its own each, because Citus mishandles the intermediate
+-- results of a chain of data-modifying CTEs (README "Scaling out").
 --
 -- Who picks the account (apply.deliver_subscription): the first id the event names, when it names one
 -- (the common case), with p_resolved false: if that account exists, it is the one billing_account

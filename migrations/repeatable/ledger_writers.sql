@@ -1,7 +1,8 @@
 -- The writers of the ledger and of the counters' chain heads (docs/design/ledger-writers.md).
 -- `quota-ledger migrate` applies this file on every run (CREATE OR REPLACE), after the versioned
 -- migrations, which take from the service's role (quota_app) every other way to write these rows
--- (migrations/0016): INSERT on ledger and audit_log, and UPDATE of quotas' used, period and chain_*.
+-- (migrations/0016; the grants at the end of this file): INSERT on ledger and audit_log, and UPDATE
+-- of quotas.
 --
 -- Each writer is a SECURITY DEFINER function owned by the tables' owner (the role `migrate` runs as),
 -- with search_path fixed so that a caller cannot redirect its names (pg_temp last: a caller's
@@ -371,12 +372,14 @@ DECLARE
     revoke_update constant text := 'REVOKE UPDATE ON %1$s FROM quota_app';
 BEGIN
     IF EXISTS (SELECT FROM pg_extension WHERE extname = 'citus') THEN
-        IF EXISTS (SELECT FROM run_command_on_shards('quotas', revoke_update || '; GRANT INSERT ON %1$s TO quota_app')
+        IF EXISTS (SELECT FROM run_command_on_shards('quotas',
+                                                     revoke_update || '; GRANT INSERT ON %1$s TO quota_app')
                     WHERE NOT success) THEN
             RAISE EXCEPTION 'could not grant quota_app its privileges on every shard of quotas';
         END IF;
     END IF;
     EXECUTE format(revoke_update, 'quotas');
-    GRANT INSERT (account_id, metric, plan_limit, free_limit, lapsed, account_deleted, period) ON quotas TO quota_app;
+    GRANT INSERT (account_id, metric, plan_limit, free_limit, lapsed, account_deleted, period)
+        ON quotas TO quota_app;
 END
 $$;

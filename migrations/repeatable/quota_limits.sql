@@ -158,7 +158,8 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp 
 #variable_conflict use_column
 BEGIN
 RETURN QUERY
-SELECT a.id::text, a.plan, a.subscription_status::text, billing_is_lapsed(a.plan, a.subscription_status, p_free_plan)
+SELECT a.id::text, a.plan, a.subscription_status::text,
+       billing_is_lapsed(a.plan, a.subscription_status, p_free_plan)
   FROM accounts a
  WHERE a.id = ANY(p_group_ids) AND NOT a.deleted
  ORDER BY a.id
