@@ -1,4 +1,4 @@
--- depends: 0019.key_rotation
+-- depends: 0019.key_rotation 0020.function_grants
 -- The rules of the rows a take writes, kept whole, moved to where a take pays least for them
 -- (docs/design/ledger-writers.md, "What a take pays for its rules"; bench/ledger_writers.md).
 --

@@ -1,6 +1,7 @@
-"""The login role the service runs as: a member of `quota_app` (migration 0001), which may read and
-append to the ledger and the audit log but not change or delete a row, nor disable their triggers
-(only the owner of the tables, the role `migrate` runs as, may alter them)."""
+"""The login role the service runs as: a member of `quota_app` (migration 0001), which reads the
+ledger and the audit log and appends to them only through the service's own operations (the
+definer functions of migrations/repeatable/), never changes or deletes a row, nor disables their
+triggers (only the owner of the tables, the role `migrate` runs as, may alter them)."""
 
 from __future__ import annotations
 

@@ -134,6 +134,41 @@ BEGIN
 END
 $$;
 
+-- The lock of a billing change on one account, until commit, with its billing_version bumped
+-- (service/billing/apply.sql `account_lock`: the locked path, replays, transfers, the expiry job).
+-- An UPDATE's lock is FOR NO KEY UPDATE: it does not wait on the FOR KEY SHARE locks that foreign
+-- keys to accounts take. No row back: no such account. It and billing_account_for_update are
+-- definer functions because everything after them on the account's tables is (billing_set_tier
+-- and its audit rows): on Citus one transaction locks and writes an account's node as one user,
+-- or the lock held by one user's connection blocks the other's write (docs/design/ledger-writers.md).
+CREATE OR REPLACE FUNCTION billing_lock_account(p_account_id text)
+RETURNS TABLE (id text, plan text, subscription_status text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $f$
+#variable_conflict use_column
+BEGIN
+RETURN QUERY
+UPDATE accounts a
+   SET billing_version = a.billing_version + 1
+ WHERE a.id = p_account_id
+RETURNING a.id::text, a.plan, a.subscription_status::text;
+END
+$f$;
+
+-- billing_deliver's lock: the account's tier and status, locked until commit (FOR NO KEY UPDATE);
+-- its billing_version moves later, and only when the event applies (billing_set_tier's p_bump).
+CREATE OR REPLACE FUNCTION billing_account_for_update(p_account_id text)
+RETURNS TABLE (plan text, subscription_status text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $f$
+#variable_conflict use_column
+BEGIN
+RETURN QUERY
+SELECT a.plan, a.subscription_status::text
+  FROM accounts a
+ WHERE a.id = p_account_id
+   FOR NO KEY UPDATE;
+END
+$f$;
+
 -- The account follows its deciding subscription (billing_deciding_subscription): its tier becomes
 -- that subscription's plan (its own tier when that maps to no plan), its status that subscription's
 -- status, and `expired` when it has no subscription left (its last one moved away: no access, like
@@ -150,7 +185,12 @@ $$;
 CREATE OR REPLACE FUNCTION billing_set_tier(
     p_account_id text, p_plan text, p_status text, p_without_temporary_of text, p_bump boolean,
     p_actor text, p_free_plan text, p_plan_names text[], p_plan_metrics text[], p_plan_limits bigint[]
-) RETURNS integer LANGUAGE plpgsql VOLATILE AS $$
+) RETURNS integer
+-- A definer function: the account's update, its counters' limits and their audit rows are written by
+-- the owner, as the lock before them was (billing_lock_account, billing_account_for_update). It reads
+-- the subscriptions its caller may just have written as the service's role (reference tables on
+-- Citus, which the coordinator reads from its own copy, in this transaction).
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
     v_plan text;
     v_status text;
@@ -183,15 +223,17 @@ $$;
 -- in one round trip and one commit; the same on one PostgreSQL and on Citus.
 --
 -- The account is p_account_id, and the first thing the function does is lock it (FOR NO KEY UPDATE,
--- which does not wait on the FOR KEY SHARE locks of foreign keys). Every transaction that changes an
--- account's subscriptions holds that lock (account_lock, the expiry job, this function), and each
--- statement below takes a fresh snapshot under READ COMMITTED (a VOLATILE function), so every
--- statement after the lock sees every change to the account's subscriptions committed before it,
--- and a concurrent delivery for the same account waits rather than decides from an old snapshot.
--- Every statement names the account for the account tables (accounts, and quotas and audit_log in
--- billing_set_tier), so on Citus each is routed to the account's shard; the billing tables are
--- reference tables. A statement of its own each, because Citus mishandles the intermediate results
--- of a chain of data-modifying CTEs (README "Scaling out").
+-- which does not wait on the FOR KEY SHARE locks of foreign keys; billing_account_for_update). Every
+-- transaction that changes an account's subscriptions holds that lock (account_lock, the expiry job,
+-- this function), and each statement below takes a fresh snapshot under READ COMMITTED (a VOLATILE
+-- function), so every statement after the lock sees every change to the account's subscriptions
+-- committed before it, and a concurrent delivery for the same account waits rather than decides
+-- from an old snapshot. Every statement names the account for the account tables (accounts, and
+-- quotas and audit_log in billing_set_tier), so on Citus each is routed to the account's shard; the
+-- billing tables are reference tables. It runs as its caller, the service's role, which writes the
+-- billing tables; the account's tables are locked and written by the owner alone, in the definer
+-- functions it calls. A statement of its own each, because Citus mishandles the intermediate
+-- results of a chain of data-modifying CTEs (README "Scaling out").
 --
 -- Who picks the account (apply.deliver_subscription): the first id the event names, when it names one
 -- (the common case), with p_resolved false: if that account exists, it is the one billing_account
@@ -233,10 +275,8 @@ DECLARE
 BEGIN
     waiting := false;
     IF p_account_id IS NOT NULL THEN
-        SELECT a.plan, a.subscription_status INTO v_plan, v_status
-          FROM accounts a
-         WHERE a.id = p_account_id
-           FOR NO KEY UPDATE;
+        SELECT l.plan, l.subscription_status INTO v_plan, v_status
+          FROM billing_account_for_update(p_account_id) l;
     END IF;
     IF v_plan IS NULL THEN  -- no such account (plan is NOT NULL)
         IF NOT p_resolved THEN
@@ -354,3 +394,37 @@ BEGIN
     END IF;
 END
 $$;
+
+-- An admin's replay of a stored event (service/billing/delivery.py) is an admin action: one audit row
+-- (`event_replayed`, naming p_actor) with what became of the event, read from its inbox row as the
+-- replay left it in this transaction: its account (none when the replay failed: nothing of it was
+-- applied), status and error. The facts come from the row, not from the caller.
+CREATE OR REPLACE FUNCTION audit_event_replayed(p_inbox_id bigint, p_actor text) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $f$
+DECLARE
+    w record;
+BEGIN
+    SELECT e.id, e.provider::text AS provider, e.event_id, e.type, e.status::text AS status, e.error,
+           e.account_id
+      INTO w
+      FROM webhook_events e
+     WHERE e.id = p_inbox_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no stored webhook event has id %', p_inbox_id USING ERRCODE = 'no_data_found';
+    END IF;
+    PERFORM audit_append(p_actor, 'event_replayed',
+                         CASE WHEN w.status = 'failed' THEN '' ELSE coalesce(w.account_id, '') END, NULL,
+                         'null',
+                         jsonb_build_object('inbox_id', w.id, 'provider', w.provider, 'event_id', w.event_id,
+                                            'type', w.type, 'status', w.status, 'error', w.error));
+END
+$f$;
+
+-- Who may call the definer functions (set_function_grants, migrations/0020): the service's role those
+-- it calls (the delivery calls billing_account_for_update and billing_set_tier as its caller).
+CALL set_function_grants(
+    ARRAY['billing_lock_account(text)',
+          'billing_account_for_update(text)',
+          'billing_set_tier(text, text, text, text, boolean, text, text, text[], text[], bigint[])',
+          'audit_event_replayed(bigint, text)'],
+    ARRAY[]::text[]);

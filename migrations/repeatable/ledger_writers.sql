@@ -1,7 +1,8 @@
 -- The writers of the ledger and of the counters' chain heads (docs/design/ledger-writers.md).
 -- `quota-ledger migrate` applies this file on every run (CREATE OR REPLACE), after the versioned
 -- migrations, which take from the service's role (quota_app) every other way to write these rows
--- (migrations/0016): INSERT on ledger and audit_log, and UPDATE of quotas' used, period and chain_*.
+-- (migrations/0016; the grants at the end of this file): INSERT on ledger and audit_log, and UPDATE
+-- of quotas.
 --
 -- Each writer is a SECURITY DEFINER function owned by the tables' owner (the role `migrate` runs as),
 -- with search_path fixed so that a caller cannot redirect its names (pg_temp last: a caller's
@@ -280,8 +281,11 @@ SELECT (SELECT count(*) FROM opened) + (SELECT count(*) FROM emptied), (SELECT c
 END
 $f$;
 
--- One audit row (service/audit.py), stamped with the database's clock and id: the service's role
--- records what it did, it cannot backdate or renumber the log.
+-- One audit row, stamped with the database's clock and id. The owner's alone: the service's role
+-- writes audit rows only through the definer functions that make the change they record, in the
+-- same call (quota_set_override, account_set_deleted, ledger_admin_reset, quota_set_plan_limits,
+-- audit_event_replayed), so on Citus one user writes the account's node (docs/design/
+-- ledger-writers.md); `quota-ledger keys` runs as the owner and calls it for its own rows.
 CREATE OR REPLACE FUNCTION audit_append(
     p_actor text, p_action text, p_account_id text, p_metric text, p_old jsonb, p_new jsonb
 ) RETURNS void
@@ -290,37 +294,85 @@ LANGUAGE sql SET search_path = pg_catalog, public, pg_temp AS $$
     VALUES (p_actor, p_action, p_account_id, p_metric, p_old, p_new)
 $$;
 
--- The audit log is appended by its caller (audit_append runs as the service's role): on Citus a
--- transaction may not write one node's placements as two users, and an admin's change writes the
--- counter as the service's role before it audits it. So the service's role keeps INSERT on audit_log
--- (never UPDATE or DELETE: the append-only triggers and grants of 0001 hold); docs/design/
--- ledger-writers.md says what that leaves open.
-GRANT INSERT ON audit_log TO quota_app;
-
--- Who may call what: the writers are the service's, ledger_link nobody's but the owner's.
-REVOKE ALL ON FUNCTION ledger_link(bigint, bytea, text, text, text, text, bigint, bigint, bigint, bigint, text, text)
-    FROM PUBLIC;
-REVOKE ALL ON FUNCTION ledger_open_link(bigint, bytea, text, text, text, bigint, text) FROM PUBLIC;
-DO $$
+-- A sticky override set (p_set) or cleared, and its audit row (`override_set`, `override_cleared`,
+-- old and new as {limit} or null), in one call (service/quota/overrides.py). The counter's row is
+-- locked first, so of concurrent calls that would change the same thing, one does and the others
+-- find it done: a call that changes nothing writes nothing. Returns the previous override; no row
+-- back: the account has no counter of p_metric.
+CREATE OR REPLACE FUNCTION quota_set_override(
+    p_account_id text, p_metric text, p_set boolean, p_limit bigint, p_actor text
+) RETURNS TABLE (override_set boolean, override_limit bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $f$
+#variable_conflict use_column
 DECLARE
-    writer text;
+    v_old jsonb;
+    v_new jsonb := CASE WHEN p_set THEN jsonb_build_object('limit', p_limit) ELSE 'null' END;
 BEGIN
-    FOREACH writer IN ARRAY ARRAY[
-        'ledger_take(text, text, bigint, text, text, text)',
-        'ledger_roll_over(text, text, text, text)',
-        'ledger_release(text, bigint, text, text)',
-        'ledger_admin_reset(text, text, text, text)',
-        'ledger_reset_group(text[], text, text, text, text, text, text, text, text)',
-        'audit_append(text, text, text, text, jsonb, jsonb)'
-    ] LOOP
-        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', writer);
-        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO quota_app', writer);
-    END LOOP;
+    SELECT q.override_set, q.override_limit INTO override_set, override_limit
+      FROM quotas q
+     WHERE q.account_id = p_account_id AND q.metric = p_metric
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    RETURN NEXT;
+    v_old := CASE WHEN override_set THEN jsonb_build_object('limit', override_limit) ELSE 'null' END;
+    IF v_old = v_new THEN
+        RETURN;
+    END IF;
+    UPDATE quotas q
+       SET override_set = p_set, override_limit = CASE WHEN p_set THEN p_limit END
+     WHERE q.account_id = p_account_id AND q.metric = p_metric;
+    PERFORM audit_append(p_actor, CASE WHEN p_set THEN 'override_set' ELSE 'override_cleared' END,
+                         p_account_id, p_metric, v_old, v_new);
 END
-$$;
+$f$;
 
--- What the service's role still writes of quotas directly, column by column (migrations/0016): new
--- counter rows, and their limits, override and deletion flag; never used, period or chain_*.
+-- A soft delete (p_deleted) or a restore of the account, its counters' copy of the flag (what takes
+-- read), and its audit row (`account_deleted`, `account_restored`), in one call
+-- (service/quota/admin.py). False, and nothing written, when the account is not there or is as
+-- asked already: the audit log records only what changed.
+CREATE OR REPLACE FUNCTION account_set_deleted(p_account_id text, p_deleted boolean, p_actor text)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $f$
+DECLARE
+    v_now timestamptz := now();
+BEGIN
+    UPDATE accounts a SET deleted = p_deleted, updated_at = v_now
+     WHERE a.id = p_account_id AND a.deleted <> p_deleted;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    UPDATE quotas q SET account_deleted = p_deleted WHERE q.account_id = p_account_id;
+    PERFORM audit_append(p_actor, CASE WHEN p_deleted THEN 'account_deleted' ELSE 'account_restored' END,
+                         p_account_id, NULL, jsonb_build_object('deleted', NOT p_deleted),
+                         jsonb_build_object('deleted', p_deleted));
+    RETURN true;
+END
+$f$;
+
+-- The service's role appends no audit row itself, and never changes or deletes one (the
+-- append-only triggers and grants of 0001).
+REVOKE INSERT ON audit_log FROM quota_app;
+
+-- Who may call what (set_function_grants, migrations/0020): the writers are the service's,
+-- ledger_link, ledger_open_link and audit_append the owner's alone.
+CALL set_function_grants(
+    ARRAY['ledger_take(text, text, bigint, text, text, text)',
+          'ledger_roll_over(text, text, text, text)',
+          'ledger_release(text, bigint, text, text)',
+          'ledger_admin_reset(text, text, text, text)',
+          'ledger_reset_group(text[], text, text, text, text, text, text, text, text)',
+          'quota_set_override(text, text, boolean, bigint, text)',
+          'account_set_deleted(text, boolean, text)'],
+    ARRAY['ledger_link(bigint, bytea, text, text, text, text, bigint, bigint, bigint, bigint, text, text)',
+          'ledger_open_link(bigint, bytea, text, text, text, bigint, text)',
+          'audit_append(text, text, text, text, jsonb, jsonb)']);
+
+-- What the service's role still writes of quotas directly (migrations/0016): new counter rows, column
+-- by column (ensure_quotas), never an existing row. Limits, override and deletion flag change only in
+-- the definer functions that audit the change (quota_set_plan_limits, quota_set_override,
+-- account_set_deleted); used, period and chain_* only in the ledger's writers.
 -- On Citus the coordinator checks the distributed table's column grants, but the INSERT it sends to
 -- a shard names every column that has a default (used, chain_seq, ...), so the shards get INSERT on
 -- the whole row (docs/design/ledger-writers.md: what that leaves open). run_command_on_shards uses
@@ -329,16 +381,17 @@ $$;
 -- Run `migrate` again after moving shards.
 DO $$
 DECLARE
-    grant_quotas constant text := 'GRANT INSERT (account_id, metric, plan_limit, free_limit, lapsed, account_deleted, '
-        'period), UPDATE (plan_limit, free_limit, override_set, override_limit, lapsed, account_deleted) '
-        'ON %1$s TO quota_app';
+    revoke_update constant text := 'REVOKE UPDATE ON %1$s FROM quota_app';
 BEGIN
     IF EXISTS (SELECT FROM pg_extension WHERE extname = 'citus') THEN
-        IF EXISTS (SELECT FROM run_command_on_shards('quotas', 'GRANT INSERT ON %1$s TO quota_app; '
-                                                               || grant_quotas) WHERE NOT success) THEN
-            RAISE EXCEPTION 'could not grant quota_app its columns of quotas on every shard';
+        IF EXISTS (SELECT FROM run_command_on_shards('quotas',
+                                                     revoke_update || '; GRANT INSERT ON %1$s TO quota_app')
+                    WHERE NOT success) THEN
+            RAISE EXCEPTION 'could not grant quota_app its privileges on every shard of quotas';
         END IF;
     END IF;
-    EXECUTE format(grant_quotas, 'quotas');
+    EXECUTE format(revoke_update, 'quotas');
+    GRANT INSERT (account_id, metric, plan_limit, free_limit, lapsed, account_deleted, period)
+        ON quotas TO quota_app;
 END
 $$;

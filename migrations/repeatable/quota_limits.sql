@@ -2,8 +2,9 @@
 -- Quota's SQL, applied by `quota-ledger migrate` after the versioned migrations on every run
 -- (service/migrate.py), like every file of this folder. Billing's SQL (billing_rules.sql) calls
 -- quota_set_limits_for_plan when an account's tier or status changes; plan sync
--- (service/quota/plan_sync.sql) calls quota_set_plan_limits_batch. Neither ever writes usage or an
--- override column: an override is sticky and stays in effect whatever the plan says.
+-- (service/quota/plan_sync.sql) calls quota_sync_lock_accounts and quota_sync_limits. None ever
+-- writes usage or an override column: an override is sticky and stays in effect whatever the plan
+-- says.
 --
 -- Only functions live here; changing a signature needs a versioned migration that drops the old one.
 
@@ -20,10 +21,12 @@ CREATE OR REPLACE FUNCTION quota_set_plan_limits(
 ) RETURNS TABLE (account_id text, metric text, old_plan_limit bigint, new_plan_limit bigint,
                  old_free_limit bigint, new_free_limit bigint, old_lapsed boolean, new_lapsed boolean,
                  override_set boolean, override_limit bigint)
--- It runs as its caller and appends to the audit log through audit_append (ledger_writers.sql), the
--- one writer the service's role may call: as a SECURITY DEFINER function it would write quotas as
--- another user than the rest of the delivery's transaction, which Citus refuses on one placement.
-LANGUAGE plpgsql VOLATILE AS $$
+-- Every function of this file is a SECURITY DEFINER function: the limits and their audit rows are
+-- written by the owner (the service's role may not append to the audit log), and so, in each
+-- transaction, is everything else on the account's tables (docs/design/ledger-writers.md). The
+-- service's role calls plan sync's two (quota_sync_lock_accounts, quota_sync_limits); the others are
+-- called by those and by billing_set_tier (billing_rules.sql), as the owner.
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
     r record;
 BEGIN
@@ -88,7 +91,7 @@ CREATE OR REPLACE FUNCTION quota_set_plan_limits_batch(
 ) RETURNS TABLE (account_id text, metric text, old_plan_limit bigint, new_plan_limit bigint,
                  old_free_limit bigint, new_free_limit bigint, old_lapsed boolean, new_lapsed boolean,
                  override_set boolean, override_limit bigint)
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
     v_account text;
     v_metrics text[];
@@ -120,7 +123,8 @@ $$;
 CREATE OR REPLACE FUNCTION quota_set_limits_for_plan(
     p_account_id text, p_plan text, p_lapsed boolean, p_actor text,
     p_free_plan text, p_plan_names text[], p_plan_metrics text[], p_plan_limits bigint[]
-) RETURNS integer LANGUAGE plpgsql VOLATILE AS $$
+) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
     changes integer;
 BEGIN
@@ -143,3 +147,59 @@ BEGIN
     RETURN changes;
 END
 $$;
+
+-- Plan sync's lock of one group of accounts (service/quota/plan_sync.sql): the group's live accounts
+-- with their tier, status and lapsed flag, share-locked, so that a webhook changing an account's plan
+-- waits for this batch (or this batch waits for it and reads the new plan) and the sync never
+-- writes a stale plan's limits. The group is one shard's.
+CREATE OR REPLACE FUNCTION quota_sync_lock_accounts(p_group_ids text[], p_free_plan text)
+RETURNS TABLE (id text, plan text, subscription_status text, lapsed boolean)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $f$
+#variable_conflict use_column
+BEGIN
+RETURN QUERY
+SELECT a.id::text, a.plan, a.subscription_status::text,
+       billing_is_lapsed(a.plan, a.subscription_status, p_free_plan)
+  FROM accounts a
+ WHERE a.id = ANY(p_group_ids) AND NOT a.deleted
+ ORDER BY a.id
+   FOR SHARE;
+END
+$f$;
+
+-- Plan sync's change for one group (the targets: every (account, metric) of its accounts): the
+-- counter rows the accounts lack, created in p_period (a metric added to the plan config;
+-- `created`), then the limits brought in line (quota_set_plan_limits_batch, audited). Returns both.
+CREATE OR REPLACE FUNCTION quota_sync_limits(
+    p_account_ids text[], p_metrics text[], p_plan_limits bigint[], p_free_limits bigint[],
+    p_lapsed boolean[], p_period text, p_actor text
+) RETURNS TABLE (account_id text, metric text, created boolean, old_plan_limit bigint, new_plan_limit bigint,
+                 old_free_limit bigint, new_free_limit bigint, old_lapsed boolean, new_lapsed boolean,
+                 override_set boolean, override_limit bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $f$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    INSERT INTO quotas AS q (account_id, metric, plan_limit, free_limit, lapsed, period)
+    SELECT t.account_id, t.metric, t.plan_limit, t.free_limit, t.lapsed, p_period
+      FROM unnest(p_account_ids, p_metrics, p_plan_limits, p_free_limits, p_lapsed)
+               AS t (account_id, metric, plan_limit, free_limit, lapsed)
+    ON CONFLICT (account_id, metric) DO NOTHING
+    RETURNING q.account_id::text, q.metric::text, true, NULL::bigint, q.plan_limit::bigint, NULL::bigint,
+              q.free_limit::bigint, NULL::boolean, q.lapsed, false, NULL::bigint;
+    RETURN QUERY
+    SELECT b.account_id, b.metric, false, b.old_plan_limit, b.new_plan_limit, b.old_free_limit,
+           b.new_free_limit, b.old_lapsed, b.new_lapsed, b.override_set, b.override_limit
+      FROM quota_set_plan_limits_batch(p_account_ids, p_metrics, p_plan_limits, p_free_limits, p_lapsed,
+                                       p_actor) b;
+END
+$f$;
+
+-- Who may call what (set_function_grants, migrations/0020): plan sync's two functions are the
+-- service's; the rest is called by them and by billing_set_tier, as the owner.
+CALL set_function_grants(
+    ARRAY['quota_sync_lock_accounts(text[], text)',
+          'quota_sync_limits(text[], text[], bigint[], bigint[], boolean[], text, text)'],
+    ARRAY['quota_set_plan_limits(text, text[], bigint[], bigint[], boolean[], text)',
+          'quota_set_plan_limits_batch(text[], text[], bigint[], bigint[], boolean[], text)',
+          'quota_set_limits_for_plan(text, text, boolean, text, text, text[], text[], bigint[])']);

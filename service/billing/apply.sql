@@ -27,14 +27,11 @@ SELECT c.account_id
 -- The lock of a billing change on one account (the delivery's locked path, replays, transfers, the
 -- expiry job), until commit, with its billing_version bumped: every change to an account's
 -- subscriptions holds this lock (billing_deliver takes it first too), so the statements after it
--- see every other change to them. An UPDATE's
--- lock is FOR NO KEY UPDATE: it does not wait on the FOR KEY SHARE locks that foreign keys to
--- accounts take. By id, so one shard on Citus; several accounts are locked one at a time, in id
--- order (apply.lock_accounts), never by one statement across shards.
-UPDATE accounts
-   SET billing_version = billing_version + 1
- WHERE id = %(account_id)s
-RETURNING id, plan, subscription_status
+-- see every other change to them. billing_lock_account (migrations/repeatable/billing_rules.sql),
+-- as the owner, who then writes the account's tier and limits. By id, so one shard on Citus;
+-- several accounts are locked one at a time, in id order (apply.lock_accounts), never by one
+-- statement across shards.
+SELECT id, plan, subscription_status FROM billing_lock_account(%(account_id)s::text)
 
 -- name: billing_deliver
 -- A subscription event, whole, in one statement: billing_deliver (migrations/repeatable/

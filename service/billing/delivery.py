@@ -30,7 +30,6 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from service import audit
 from service.billing import apply, inbox
 from service.billing.apply import Outcome
 from service.billing.events import Change, CustomerLink, Envelope, NoChange, SubscriptionChange
@@ -219,20 +218,15 @@ def replay(
                 by = f"replay:{actor}:{env.provider}:{env.event_id}"
                 admitted = _admit(env, received, allowed=True, translate=translate_for(env.provider))
                 if isinstance(admitted, Outcome):
-                    outcome = admitted
-                    _finish(conn, inbox_id, outcome, named=(), replay=True)
+                    _finish(conn, inbox_id, admitted, named=(), replay=True)
                 else:
-                    outcome = _resolve_apply_finish(
-                        conn, plans, env, admitted, inbox_id, actor=by, replay=True
-                    )
-                _audit_replay(conn, inbox_id, env, actor=actor, outcome=outcome)
+                    _resolve_apply_finish(conn, plans, env, admitted, inbox_id, actor=by, replay=True)
+                inbox.audit_replay(conn, inbox_id, actor=actor)
             break
         except _ApplyFailed as e:
             with transaction(conn):
                 inbox.mark_failed(conn, inbox_id, e.error)
-                _audit_replay(
-                    conn, inbox_id, env, actor=actor, outcome=Outcome(status="failed", error=e.error)
-                )
+                inbox.audit_replay(conn, inbox_id, actor=actor)
             break
         except RETRYABLE:
             if attempt == RETRIES:
@@ -268,25 +262,6 @@ def apply_waiting(
         account_ids=account_ids,
     )
     return [replay(conn, plans, inbox_id, translate_for=translate_for, actor=LINK_ACTOR) for inbox_id in ids]
-
-
-def _audit_replay(conn: Connection, inbox_id: int, env: Envelope, *, actor: str, outcome: Outcome) -> None:
-    """An admin's replay is an admin action: one audit row, with what became of the event."""
-    audit.record(
-        conn,
-        actor=actor,
-        action="event_replayed",
-        account_id=outcome.account_id or "",
-        old=None,
-        new={
-            "inbox_id": inbox_id,
-            "provider": env.provider,
-            "event_id": env.event_id,
-            "type": env.type,
-            "status": outcome.status,
-            "error": outcome.error,
-        },
-    )
 
 
 def _store_only(conn: Connection, env: Envelope, outcome: Outcome) -> Receipt:

@@ -137,6 +137,12 @@ def mark_failed(conn: Connection, inbox_id: int, error: str) -> None:
     conn.execute(Q.inbox_failed, {"id": inbox_id, "error": error})
 
 
+def audit_replay(conn: Connection, inbox_id: int, *, actor: str) -> None:
+    """An admin's replay is an admin action: one audit row naming `actor`, with what became of the
+    event as the replay left its row (audit_event_replayed), in the replay's transaction."""
+    conn.execute(Q.inbox_audit_replay, {"id": inbox_id, "actor": actor})
+
+
 def for_replay(conn: Connection, inbox_id: int) -> tuple[Envelope, datetime]:
     """The stored event, locked until commit (concurrent replays of one event run one after the
     other), as an envelope, and when it was received. UnknownEvent if there is none."""

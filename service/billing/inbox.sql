@@ -31,6 +31,11 @@ UPDATE webhook_events
        attempts = attempts + %(replay)s::int, processed_at = now()
  WHERE id = %(id)s
 
+-- name: inbox_audit_replay
+-- The replay's audit row, its facts read from the inbox row (audit_event_replayed,
+-- migrations/repeatable/billing_rules.sql): the service's role appends no audit row itself.
+SELECT audit_event_replayed(%(id)s::bigint, %(actor)s::text)
+
 -- name: inbox_get
 SELECT id, provider, event_id, type, status, error, note, account_id, subscription_id, customer_id,
        occurred_at, received_at, processed_at, attempts

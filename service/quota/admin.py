@@ -1,11 +1,11 @@
 """Admin-only operations on an account: manual reset of a counter, soft delete and restore. Each is
-audited, in the transaction that makes it, so `/v1/audit` is the one list of what admins did."""
+audited by the database function that makes it, in the same call, so `/v1/audit` is the one list of
+what admins did."""
 
 from __future__ import annotations
 
 from psycopg.rows import dict_row
 
-from service import audit
 from service.db import Connection, Q, transaction
 from service.errors import AccountDeleted
 from service.plans import PlanConfig
@@ -55,25 +55,12 @@ def restore(conn: Connection, *, account_id: str, actor: str) -> bool:
 
 
 def _set_deleted(conn: Connection, *, account_id: str, actor: str, deleted: bool) -> bool:
-    """The account row, then its counters' copy of the flag, then the audit row, in one
-    transaction; nothing at all when the account already is as asked."""
-    account_q, quotas_q, action = (
-        (Q.soft_delete_account, Q.soft_delete_quotas, "account_deleted")
-        if deleted
-        else (Q.restore_account, Q.restore_quotas, "account_restored")
-    )
-    params = {"account_id": account_id}
-    with transaction(conn):
-        if conn.execute(account_q, params).fetchone() is None:
-            find_account(conn, account_id=account_id)  # UnknownAccount, or it is as asked already
-            return False
-        conn.execute(quotas_q, params)
-        audit.record(
-            conn,
-            actor=actor,
-            action=action,
-            account_id=account_id,
-            old={"deleted": not deleted},
-            new={"deleted": deleted},
-        )
-    return True
+    """The account's flag, its counters' copy and the audit row, in one call (account_set_deleted);
+    nothing at all when the account already is as asked."""
+    params = {"account_id": account_id, "deleted": deleted, "actor": actor}
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(Q.account_set_deleted, params).fetchone()
+    if row is not None and row["changed"]:
+        return True
+    find_account(conn, account_id=account_id)  # UnknownAccount, or it is as asked already
+    return False

@@ -1,19 +1,15 @@
-"""Sticky admin overrides: the only writer of the override columns. Each change is audited; a call
-that changes nothing (clearing an override that is not set, setting the value it has) writes nothing."""
+"""Sticky admin overrides: the only writer of the override columns. Each change is audited, by the
+call that makes it; a call that changes nothing (clearing an override that is not set, setting the
+value it has) writes nothing."""
 
 from __future__ import annotations
 
 from psycopg.rows import dict_row
 
-from service import audit
-from service.db import Connection, Q, transaction
+from service.db import Connection, Q
 from service.errors import UnknownAccount
 from service.plans import PlanConfig
 from service.quota.accounts import ensure_quotas, require_metric
-
-
-def _override(row: dict[str, object]) -> dict[str, object] | None:
-    return {"limit": row["override_limit"]} if row["override_set"] else None
 
 
 def _change(
@@ -23,30 +19,26 @@ def _change(
     account_id: str,
     metric: str,
     actor: str,
-    action: str,
     override_set: bool,
     override_limit: int | None,
 ) -> dict[str, object] | None:
     require_metric(plans, metric)
-    params = {"account_id": account_id, "metric": metric}
-    with transaction(conn), conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(Q.quota_for_update, params).fetchone()
-        if row is None:
+    params = {
+        "account_id": account_id,
+        "metric": metric,
+        "override_set": override_set,
+        "override_limit": override_limit,
+        "actor": actor,
+    }
+    with conn.cursor(row_factory=dict_row) as cur:
+        # One call changes the override and writes its audit row (quota_set_override).
+        row = cur.execute(Q.override_change, params).fetchone()
+        if row is None:  # no counter yet: created first, in a statement of its own
             ensure_quotas(conn, plans, account_id=account_id)  # raises UnknownAccount if it is
-            row = cur.execute(Q.quota_for_update, params).fetchone()
+            row = cur.execute(Q.override_change, params).fetchone()
             if row is None:
                 raise UnknownAccount(f"unknown account {account_id!r}")
-        previous = _override(row)
-        new = {"limit": override_limit} if override_set else None
-        if new == previous:
-            return previous  # nothing changes, so there is nothing to audit
-        cur.execute(
-            Q.set_override, {**params, "override_set": override_set, "override_limit": override_limit}
-        )
-        audit.record(
-            conn, actor=actor, action=action, account_id=account_id, metric=metric, old=previous, new=new
-        )
-    return previous
+    return {"limit": row["override_limit"]} if row["override_set"] else None
 
 
 def set_override(
@@ -59,7 +51,6 @@ def set_override(
         account_id=account_id,
         metric=metric,
         actor=actor,
-        action="override_set",
         override_set=True,
         override_limit=limit,
     )
@@ -75,7 +66,6 @@ def clear_override(
         account_id=account_id,
         metric=metric,
         actor=actor,
-        action="override_cleared",
         override_set=False,
         override_limit=None,
     )

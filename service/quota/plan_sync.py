@@ -166,26 +166,10 @@ def _apply_group(
         ).fetchall()
         if not accounts:
             return 0, []
-        targets = _targets(plans, accounts)
-        created = [
-            LimitChange(
-                account_id=r["account_id"],
-                metric=r["metric"],
-                created=True,
-                old_plan_limit=None,
-                new_plan_limit=r["plan_limit"],
-                old_free_limit=None,
-                new_free_limit=r["free_limit"],
-                old_lapsed=None,
-                new_lapsed=r["lapsed"],
-                override_set=False,
-                override_limit=None,
-            )
-            for r in cur.execute(Q.plan_sync_create, {**targets, "period": period}).fetchall()
-        ]
         with conn.cursor(row_factory=class_row(LimitChange)) as apply:
-            changed = apply.execute(Q.plan_sync_apply, {**targets, "actor": actor}).fetchall()
-    return len(accounts), sorted(created + changed, key=lambda c: (c.account_id, c.metric))
+            params = {**_targets(plans, accounts), "period": period, "actor": actor}
+            changes = apply.execute(Q.plan_sync_apply, params).fetchall()
+    return len(accounts), sorted(changes, key=lambda c: (c.account_id, c.metric))
 
 
 def sync_plans(

@@ -26,13 +26,12 @@ SELECT id, plan, subscription_status, billing_is_lapsed(plan, subscription_statu
  ORDER BY id
 
 -- name: plan_sync_lock_accounts
--- The same, share-locked: a webhook changing an account's plan waits for this batch (or this
--- batch waits for it and reads the new plan), so the sync never writes a stale plan's limits.
-SELECT id, plan, subscription_status, billing_is_lapsed(plan, subscription_status, %(free_plan)s) AS lapsed
-  FROM accounts
- WHERE id = ANY(%(group_ids)s::text[]) AND NOT deleted
- ORDER BY id
-   FOR SHARE
+-- The same, share-locked (quota_sync_lock_accounts, migrations/repeatable/quota_limits.sql): a
+-- webhook changing an account's plan waits for this batch (or this batch waits for it and reads the
+-- new plan), so the sync never writes a stale plan's limits. As the owner, who then writes the
+-- group's counters and audit rows.
+SELECT id, plan, subscription_status, lapsed
+  FROM quota_sync_lock_accounts(%(group_ids)s::text[], %(free_plan)s::text)
 
 -- name: plan_sync_diff
 -- What a sync of these targets would change, and the overrides it leaves alone. Read only. The
@@ -58,24 +57,13 @@ SELECT t.account_id, t.metric, q.account_id IS NULL AS created,
     OR q.lapsed <> t.lapsed
  ORDER BY t.account_id, t.metric
 
--- name: plan_sync_create
--- Counter rows for metrics an account lacks (a metric added to the plan config), in `period`.
-INSERT INTO quotas (account_id, metric, plan_limit, free_limit, lapsed, period)
-SELECT t.account_id, t.metric, t.plan_limit, t.free_limit, t.lapsed, %(period)s
-  FROM unnest(%(account_ids)s::text[], %(metrics)s::text[], %(plan_limits)s::bigint[],
-              %(free_limits)s::bigint[], %(lapsed)s::boolean[])
-           AS t (account_id, metric, plan_limit, free_limit, lapsed)
-ON CONFLICT (account_id, metric) DO NOTHING
-RETURNING account_id, metric, plan_limit, free_limit, lapsed
-
 -- name: plan_sync_apply
--- "Plan limits follow the tier" for a batch of accounts: quota_set_plan_limits_batch
--- (migrations/repeatable/quota_limits.sql), the one definition that billing changes
--- reach through quota_set_limits_for_plan. Kept set-based rather than a call per account: a
--- sync touches every account in batches. The targets are one group's accounts, all on one shard;
--- on Citus the function's row locks are routed there only once it names them by account
--- (README "Scaling out", "Not yet on Citus").
-SELECT account_id, metric, false AS created, old_plan_limit, new_plan_limit, old_free_limit,
-       new_free_limit, old_lapsed, new_lapsed, override_set, override_limit
-  FROM quota_set_plan_limits_batch(%(account_ids)s::text[], %(metrics)s::text[], %(plan_limits)s::bigint[],
-                                   %(free_limits)s::bigint[], %(lapsed)s::boolean[], %(actor)s)
+-- "Plan limits follow the tier" for a group of accounts, all on one shard: the counter rows they lack
+-- (a metric added to the plan config) created in `period`, then quota_set_plan_limits_batch, the one
+-- definition that billing changes reach through quota_set_limits_for_plan, with an audit row per
+-- change; in one call (quota_sync_limits, migrations/repeatable/quota_limits.sql). Kept set-based
+-- rather than a call per account: a sync touches every account in batches.
+SELECT account_id, metric, created, old_plan_limit, new_plan_limit, old_free_limit, new_free_limit,
+       old_lapsed, new_lapsed, override_set, override_limit
+  FROM quota_sync_limits(%(account_ids)s::text[], %(metrics)s::text[], %(plan_limits)s::bigint[],
+                         %(free_limits)s::bigint[], %(lapsed)s::boolean[], %(period)s::text, %(actor)s::text)

@@ -18,7 +18,7 @@ from service.billing.events import Envelope, PlanKeys, SubscriptionChange
 from service.db import Q
 from service.errors import QuotaExhausted
 from service.plans import PlanConfig
-from service.quota import chain, reset, takes
+from service.quota import admin, chain, overrides, reset, takes
 from tests.citus import on_cluster
 from tests.db.helpers import new_account, set_override
 
@@ -30,8 +30,9 @@ ACCOUNT_TABLES = ("accounts", "quotas", "ledger", "audit_log")
 REFERENCE_TABLES = ("api_keys", "job_runs", "webhook_events", "subscriptions", "customer_links")
 # Distributed by their own key, in a co-location group of their own.
 OWN_KEY_TABLES = ("stripe_customers",)
-# The per-account statements of a take, a release, an account read, an override, an admin reset, a
-# soft delete and a billing change's lock. Each must run on the one shard that holds the account.
+# The per-account statements of a take, a release, an account read, an admin reset and a billing
+# change's lock. Each must run on the one shard that holds the account. (An override, a soft delete
+# and a restore are one call of several statements each: test_an_audited_admin_change_...)
 HOT = (
     "take_delegated",
     "take",
@@ -44,16 +45,10 @@ HOT = (
     "ensure_quotas",
     "account_get",
     "account_quotas",
-    "quota_for_update",
-    "set_override",
     "audit",
     "usage_open",
     "usage_from_ledger",
     "admin_reset",
-    "soft_delete_account",
-    "soft_delete_quotas",
-    "restore_account",
-    "restore_quotas",
     "account_lock",
     "account_customer_for_update",
 )
@@ -109,9 +104,12 @@ def _explain(conn: psycopg.Connection[Any], name: str, params: dict[str, Any] = 
     return "\n".join(r[0] for r in rows)
 
 
-# The writers (migrations/repeatable/ledger_writers.sql) are functions whose body is the statement
-# they run: what Citus plans is that body, with the query's parameters in place of p_<name>.
-_WRITER = re.compile(r"\b(ledger_(?:take|roll_over|release|admin_reset|reset_group)|audit_append)\(")
+# The writers (migrations/repeatable/) are functions whose body is the statement they run: what Citus
+# plans is that body, with the query's parameters in place of p_<name>.
+_WRITER = re.compile(
+    r"\b(ledger_(?:take|roll_over|release|admin_reset|reset_group)|audit_append|billing_lock_account"
+    r"|quota_sync_lock_accounts)\("
+)
 
 
 def _planned(conn: psycopg.Connection[Any], name: str) -> str:
@@ -216,17 +214,8 @@ def test_a_webhook_delivery_touches_its_accounts_shard_alone(conn, plans, resolv
         "pro",
         "active",
     )
-    shards = {
-        (table, int(shard))
-        for command in sent
-        for table, shard in re.findall(r"\b(accounts|quotas|ledger|audit_log)_(\d+)\b", command)
-    }
+    shards = _account_shards(conn, sent)
     assert {t for t, _ in shards} == {"accounts", "quotas", "audit_log"}, sent  # limits followed the plan
-    groups = conn.execute(
-        "SELECT count(DISTINCT shardminvalue) FROM pg_dist_shard WHERE shardid = ANY(%s)",
-        ([s for _, s in shards],),
-    ).fetchone()[0]
-    assert groups == 1, sent
     [holder] = conn.execute(
         "SELECT shardid FROM pg_dist_shard WHERE logicalrelid = 'accounts'::regclass"
         " AND get_shard_id_for_distribution_column('accounts', %s::text) = shardid",
@@ -234,6 +223,34 @@ def test_a_webhook_delivery_touches_its_accounts_shard_alone(conn, plans, resolv
     ).fetchone()
     assert ("accounts", holder) in shards, sent
     assert any(re.search(rf"accounts_{holder} a WHERE .* FOR NO KEY UPDATE", c) for c in sent), sent
+
+
+def _account_shards(conn: psycopg.Connection[Any], sent: list[str]) -> set[tuple[str, int]]:
+    """The account tables' shards that `sent` names, asserted to be one shard group's."""
+    shards = {
+        (table, int(shard))
+        for command in sent
+        for table, shard in re.findall(r"\b(accounts|quotas|ledger|audit_log)_(\d+)\b", command)
+    }
+    groups = conn.execute(
+        "SELECT count(DISTINCT shardminvalue) FROM pg_dist_shard WHERE shardid = ANY(%s)",
+        ([s for _, s in shards],),
+    ).fetchone()[0]
+    assert groups == 1, sent
+    return shards
+
+
+def test_an_audited_admin_change_touches_its_accounts_shard_alone(conn, plans):
+    """An override, a soft delete, a restore: each one call (the change and its audit row, as the
+    owner: quota_set_override, account_set_deleted) whose every command is on the account's shards."""
+    account = new_account(conn, plans)
+    for work in (
+        lambda: overrides.set_override(conn, plans, account_id=account, metric="urls", limit=5, actor="t"),
+        lambda: admin.soft_delete(conn, account_id=account, actor="t"),
+        lambda: admin.restore(conn, account_id=account, actor="t"),
+    ):
+        assert {t for t, _ in _account_shards(conn, _commands(conn, work))} >= {"quotas", "audit_log"}
+    assert conn.execute("SELECT count(*) FROM audit_log WHERE account_id = %s", (account,)).fetchone() == (3,)
 
 
 def test_finding_a_deliverys_account_reads_the_named_accounts_shard_alone(conn):

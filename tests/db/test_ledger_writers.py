@@ -1,8 +1,9 @@
 """The service's own login role writes the ledger, the counters' chain heads, the audit log and API
-keys only through the service's operations (migrations/0016, migrations/repeatable/ledger_writers.sql):
-the probe of issue 21 (a chained take of 40 units backdated into a closed month, naming an admin
-key, and the head moved to it) is refused, as is a key it makes up; audit rows it may append but
-not change. And the ledger's columns are held to their rules by CHECK constraints."""
+keys only through the service's operations (migrations/0016, migrations/repeatable/): the probe of
+issue 21 (a chained take of 40 units backdated into a closed month, naming an admin key, and the
+head moved to it) is refused, as is a key it makes up and an audit row it makes up; each audited
+operation writes exactly its own row, and no row changes. And the ledger's columns are held to their
+rules by CHECK constraints."""
 
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ import psycopg
 import pytest
 
 from service import audit, keys
-from service.quota import takes
+from service.billing import apply
+from service.plans import PlanConfig, parse_plans
+from service.quota import admin, overrides, takes
+from service.quota.plan_sync import sync_plans
 from tests.db.helpers import new_account
 
 METRIC = "urls"
@@ -80,31 +84,137 @@ def test_the_chain_append_is_the_owner_s_alone(app: Conn) -> None:
 
 
 def test_the_service_s_role_still_does_its_work(conn: Conn, app: Conn, plans: Any) -> None:
-    """What the service does directly stays allowed: counters created, limits, overrides, deletion."""
+    """What the service does directly stays allowed: accounts and their counters created; takes and
+    releases through the writers."""
     account = new_account(app, plans)
     taken = takes.take(app, plans, account_id=account, metric=METRIC, actor="t")
     assert takes.release(app, take_id=taken.take_id, actor="t").released
-    app.execute(
-        "UPDATE quotas SET override_set = true, override_limit = 5, plan_limit = 7, free_limit = 7,"
-        " lapsed = false, account_deleted = false WHERE account_id = %s",
+
+
+def test_a_counter_s_limits_change_only_with_their_audit_row(conn: Conn, app: Conn, plans: Any) -> None:
+    """The limits, the override and the deletion flag of an existing counter change only in the
+    functions that audit the change: the service's role may not UPDATE them."""
+    account = new_account(conn, plans)
+    before = conn.execute("SELECT * FROM quotas WHERE account_id = %s", (account,)).fetchall()
+    for column, value in {
+        "override_set": "true",
+        "override_limit": "5",
+        "plan_limit": "7",
+        "free_limit": "7",
+        "lapsed": "true",
+        "account_deleted": "true",
+    }.items():
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="quotas"):
+            app.execute(f"UPDATE quotas SET {column} = {value} WHERE account_id = %s", (account,))
+    assert conn.execute("SELECT * FROM quotas WHERE account_id = %s", (account,)).fetchall() == before
+
+
+def test_the_service_s_role_appends_no_audit_row_of_its_own(conn: Conn, app: Conn, plans: Any) -> None:
+    """Neither directly nor through the owner's helpers: only the functions that make a change write
+    its audit row."""
+    account = new_account(conn, plans)
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="audit_log"):
+        app.execute(
+            "INSERT INTO audit_log (actor, action, account_id, at)"
+            " VALUES ('test-admin', 'forged', %s, now())",
+            (account,),
+        )
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="audit_append"):
+        audit.record(app, actor="test-admin", action="forged", account_id=account, old=None, new=None)
+    helpers = {
+        "quota_set_plan_limits": "SELECT * FROM quota_set_plan_limits(%s, '{urls}', '{1}', '{1}', '{f}',"
+        " 'x')",
+        "quota_set_plan_limits_batch": "SELECT * FROM quota_set_plan_limits_batch(ARRAY[%s], '{urls}',"
+        " '{1}', '{1}', '{f}', 'x')",
+        "quota_set_limits_for_plan": "SELECT quota_set_limits_for_plan(%s, 'pro', false, 'x', 'free',"
+        " '{pro}', '{urls}', '{1}')",
+    }
+    for name, statement in helpers.items():
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match=name):
+            app.execute(statement, (account,))
+    assert conn.execute("SELECT count(*) FROM audit_log").fetchone() == (0,)
+    assert conn.execute(
+        "SELECT plan_limit FROM quotas WHERE account_id = %s AND metric = %s", (account, METRIC)
+    ).fetchone() == (50,)
+
+
+def _audited(conn: Conn, seen: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The audit rows written since `seen` was read (and `seen` brought up to date)."""
+    rows = conn.execute(
+        "SELECT action, actor, account_id, metric, old, new FROM audit_log ORDER BY id"
+    ).fetchall()
+    new, seen[:] = rows[len(seen) :], rows
+    return new
+
+
+def test_each_audited_change_writes_exactly_its_row_as_the_service_s_role(
+    conn: Conn, app: Conn, plans: PlanConfig
+) -> None:
+    """Overrides, delete and restore, the admin reset, a plan change, plan sync: run as the service's
+    role, each writes its one audit row (one per changed limit), a call that changes nothing none."""
+    account = new_account(app, plans)
+    seen: list[tuple[Any, ...]] = []
+    overrides.set_override(app, plans, account_id=account, metric=METRIC, limit=5, actor="adm")
+    assert _audited(conn, seen) == [("override_set", "adm", account, METRIC, None, {"limit": 5})]
+    overrides.set_override(app, plans, account_id=account, metric=METRIC, limit=5, actor="adm")
+    assert _audited(conn, seen) == []
+    overrides.clear_override(app, plans, account_id=account, metric=METRIC, actor="adm")
+    assert _audited(conn, seen) == [("override_cleared", "adm", account, METRIC, {"limit": 5}, None)]
+    assert admin.soft_delete(app, account_id=account, actor="adm")
+    assert not admin.soft_delete(app, account_id=account, actor="adm")
+    assert admin.restore(app, account_id=account, actor="adm")
+    assert _audited(conn, seen) == [
+        ("account_deleted", "adm", account, None, {"deleted": False}, {"deleted": True}),
+        ("account_restored", "adm", account, None, {"deleted": True}, {"deleted": False}),
+    ]
+    takes.take(app, plans, account_id=account, metric=METRIC, actor="t", units=2)
+    assert admin.reset_counter(app, plans, account_id=account, metric=METRIC, actor="adm") == 2
+    [(action, actor, *_)] = _audited(conn, seen)
+    assert (action, actor) == ("counter_reset", "adm")
+
+    conn.execute(
+        "INSERT INTO subscriptions (provider, subscription_id, account_id, plan, status, event_at, event_id)"
+        " VALUES ('stripe', 'sub_1', %s, 'pro', 'active', now(), 'evt_1')",
         (account,),
     )
-    audit.record(app, actor="t", action="probe", account_id=account, old=None, new={"ok": True})
+    with app.transaction():
+        apply.set_tier(app, plans, apply.lock_accounts(app, [account]), actor="webhook")
+    changed = _audited(conn, seen)
+    assert {(a, actor, m) for a, actor, _, m, _, _ in changed} == {
+        ("plan_limit_changed", "webhook", m) for m in ("urls", "seats", "api_calls")
+    }
     assert conn.execute(
-        "SELECT count(*) FROM audit_log WHERE account_id = %s AND action = 'probe'", (account,)
-    ).fetchone() == (1,)
+        "SELECT plan_limit FROM quotas WHERE account_id = %s AND metric = %s", (account, METRIC)
+    ).fetchone() == (500,)
+
+    bigger = parse_plans(
+        {"free_plan": "free", "plans": {"free": {"limits": {"urls": 50}}, "pro": {"limits": {"urls": 600}}}}
+    )
+    assert sync_plans(app, bigger, actor="sync").changes >= 1
+    synced = _audited(conn, seen)
+    assert (
+        "plan_limit_changed",
+        "sync",
+        account,
+        METRIC,
+        {"plan_limit": 500, "free_limit": 50, "lapsed": False},
+        {"plan_limit": 600, "free_limit": 50, "lapsed": False},
+    ) in synced
+    assert {a for a, *_ in synced} == {"plan_limit_changed"}
+    assert sync_plans(app, bigger, actor="sync").changes == 0
+    assert _audited(conn, seen) == []
 
 
 def test_audit_rows_cannot_be_changed_or_removed(conn: Conn, app: Conn, plans: Any) -> None:
-    """The service's role appends audit rows (audit_append runs as its caller: on Citus one
-    transaction may not write a node as two users), but never changes or removes one."""
-    account = new_account(conn, plans)
-    audit.record(app, actor="t", action="probe", account_id=account, old=None, new={"ok": True})
+    """The service's role appends audit rows only by the changes it makes, and never changes or
+    removes one."""
+    account = new_account(app, plans)
+    assert admin.soft_delete(app, account_id=account, actor="t")
     for statement in ("UPDATE audit_log SET actor = 'someone-else'", "DELETE FROM audit_log"):
         with pytest.raises(psycopg.errors.InsufficientPrivilege, match="audit_log"):
             app.execute(statement)
         app.rollback()
-    assert conn.execute("SELECT actor FROM audit_log WHERE action = 'probe'").fetchall() == [("t",)]
+    assert conn.execute("SELECT actor FROM audit_log WHERE action = 'account_deleted'").fetchall() == [("t",)]
 
 
 def test_a_key_the_service_s_role_makes_up_does_not_authenticate(conn: Conn, app: Conn) -> None:

@@ -73,13 +73,20 @@ def test_the_app_role_can_use_the_rules(empty_db):
             " billing_effective_status('active', now() - interval '1 s', now()),"
             " (SELECT count(*)"
             "    FROM billing_deciding_subscription('acc-1', NULL, NULL, NULL, NULL, NULL, false)),"
-            " quota_set_limits_for_plan('acc-1', 'free', false, 'test', 'free', '{free}', '{urls}', '{5}'),"
             " billing_set_tier('acc-1', 'free', 'active', NULL, true, 'test', 'free', '{free}', '{urls}',"
             "                  '{5}'),"
             " (SELECT created FROM billing_link_customer('stripe', 'cus_1', 'acc-1', 'evt_1'))"
         ).fetchone()
         # no subscription: the account's status becomes expired, its tier stays; no counter to change
-        assert row == (True, 1, True, "expired", 0, 0, 0, True)
+        assert row == (True, 1, True, "expired", 0, 0, True)
+        locks = c.execute(
+            "SELECT (SELECT count(*) FROM billing_lock_account('acc-1')),"
+            " (SELECT count(*) FROM billing_account_for_update('acc-1')),"
+            " (SELECT count(*) FROM quota_sync_lock_accounts('{acc-1}', 'free')),"
+            " (SELECT count(*)"
+            "    FROM quota_sync_limits('{acc-1}', '{urls}', '{5}', '{5}', '{f}', '2026-01', 'test'))"
+        ).fetchone()
+        assert locks == (1, 1, 1, 1)  # the sync created the missing counter
         c.rollback()
 
 
