@@ -15,13 +15,14 @@ from service.quota.accounts import ensure_quotas, require_metric
 def _change(
     conn: Connection,
     plans: PlanConfig,
+    change: tuple[bool, int | None],
     *,
     account_id: str,
     metric: str,
     actor: str,
-    override_set: bool,
-    override_limit: int | None,
 ) -> dict[str, object] | None:
+    """`change` is (override_set, override_limit): what the counter's override becomes."""
+    override_set, override_limit = change
     require_metric(plans, metric)
     params = {
         "account_id": account_id,
@@ -45,27 +46,11 @@ def set_override(
     conn: Connection, plans: PlanConfig, *, account_id: str, metric: str, limit: int | None, actor: str
 ) -> dict[str, object] | None:
     """Set a sticky override (None = unlimited); returns the previous override or None."""
-    return _change(
-        conn,
-        plans,
-        account_id=account_id,
-        metric=metric,
-        actor=actor,
-        override_set=True,
-        override_limit=limit,
-    )
+    return _change(conn, plans, (True, limit), account_id=account_id, metric=metric, actor=actor)
 
 
 def clear_override(
     conn: Connection, plans: PlanConfig, *, account_id: str, metric: str, actor: str
 ) -> dict[str, object] | None:
     """Remove the override so the plan rules apply again; returns the previous override or None."""
-    return _change(
-        conn,
-        plans,
-        account_id=account_id,
-        metric=metric,
-        actor=actor,
-        override_set=False,
-        override_limit=None,
-    )
+    return _change(conn, plans, (False, None), account_id=account_id, metric=metric, actor=actor)
