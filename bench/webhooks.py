@@ -46,7 +46,8 @@ ROOT = HERE.parent
 BASELINE = HERE / "baseline"
 PLANS_FILE = HERE / "webhooks_plans.toml"
 LUA = HERE / "webhooks.lua"
-FIXTURE = ROOT / "tests" / "fixtures" / "stripe" / "customer.subscription.updated.json"
+# The provider sample `webhooks send-test` sends too (shipped in the package since the dev work of issue 22).
+FIXTURE = ROOT / "service" / "webhooks" / "samples" / "stripe" / "customer.subscription.updated.json"
 SECRET = "whsec_bench_secret"
 PRICES = ("basic_monthly", "pro_monthly")
 STATUSES = ("active", "past_due", "trialing")
