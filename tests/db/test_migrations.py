@@ -90,17 +90,22 @@ def test_the_app_role_can_use_the_rules(empty_db):
         c.rollback()
 
 
-def test_the_rotation_migration_keeps_the_keys_of_a_running_service(empty_db: str) -> None:
-    """0019 on a database with keys: each live key still works and stays its name's one live key,
-    a revoked one stays refused, and api_keys is not rewritten."""
+def _migrate_before(url: str, first: str) -> None:
+    """Apply the versioned migrations before `first` only, as a database of that release has them."""
     every = read_migrations(str(MIGRATIONS_DIR))
-    backend = get_backend(yoyo_url(empty_db))
+    backend = get_backend(yoyo_url(url))
     try:
         backend.apply_migrations(
-            backend.to_apply(every.__class__([m for m in every if m.id < "0019"], every.post_apply))
+            backend.to_apply(every.__class__([m for m in every if m.id < first], every.post_apply))
         )
     finally:
         backend.connection.close()
+
+
+def test_the_rotation_migration_keeps_the_keys_of_a_running_service(empty_db: str) -> None:
+    """0019 on a database with keys: each live key still works and stays its name's one live key,
+    a revoked one stays refused, and api_keys is not rewritten."""
+    _migrate_before(empty_db, "0019")
     live, revoked = "qlk_live", "qlk_revoked"
     with psycopg.connect(empty_db, autocommit=True) as c:  # as the owner, as `keys create` writes them
         c.execute(
@@ -121,14 +126,7 @@ def test_the_rotation_migration_keeps_the_keys_of_a_running_service(empty_db: st
 def test_the_row_rules_migration_keeps_ledger_and_counters_in_place(empty_db: str) -> None:
     """0021 (the ledger's rules as domains, the counters' limit rules as a trigger) on a database
     with rows: no table or index is rewritten, the rows read the same, and the rules still refuse."""
-    every = read_migrations(str(MIGRATIONS_DIR))
-    backend = get_backend(yoyo_url(empty_db))
-    try:
-        backend.apply_migrations(
-            backend.to_apply(every.__class__([m for m in every if m.id < "0021"], every.post_apply))
-        )
-    finally:
-        backend.connection.close()
+    _migrate_before(empty_db, "0021")
     files = (
         "SELECT c.relname, c.relfilenode FROM pg_class c"
         " WHERE c.relname IN ('ledger', 'quotas', 'accounts') OR c.oid IN"
