@@ -1,7 +1,10 @@
-"""The plan config (plans.toml): plan names, per-metric monthly limits and provider mappings.
+"""The plan config (plans.toml): plan names, per-metric limits, each metric's kind, the boolean
+features of each plan, and provider mappings.
 
 Nothing about plans is hard-coded; a deployment with other plans edits the file. A metric that a plan
-does not list has limit 0 on that plan; "unlimited" is stored as None. Plans are listed from the
+does not list has limit 0 on that plan; "unlimited" is stored as None. A metric is a consumable reset
+every calendar month (UTC) unless `[metrics]` says otherwise: a consumable reset every UTC day, or an
+allocation (seats), held until released and never reset. A feature a plan does not list is off on it. Plans are listed from the
 lowest to the highest: when one subscription maps to several plans (a Stripe subscription with items
 of two plans, RevenueCat entitlements of two plans), the highest, the one listed last, is its tier.
 
@@ -15,13 +18,34 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from service.errors import PlanConfigError
+from service.quota import periods
 
 Limit = int | None  # None = unlimited
+
+KINDS = ("consumable", "allocation")
+RESETS = ("month", "day")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Metric:
+    """How a metric's counter moves: `reset` is 'month' or 'day' for a consumable, None for an
+    allocation (held until released)."""
+
+    name: str
+    kind: str = "consumable"
+    reset: str | None = "month"
+
+    def period_at(self, at: datetime) -> str:
+        """The period a take at `at` counts in (periods.py: month, day, or HELD)."""
+        if self.reset is None:
+            return periods.HELD
+        return periods.day_of(at) if self.reset == "day" else periods.period_of(at)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,6 +55,7 @@ class Plan:
     stripe_prices: tuple[str, ...] = ()
     revenuecat_entitlements: tuple[str, ...] = ()
     revenuecat_products: tuple[str, ...] = ()
+    features: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,6 +63,20 @@ class PlanConfig:
     free_plan: str
     plans: dict[str, Plan]
     metrics: tuple[str, ...] = field(default=())
+    kinds: dict[str, Metric] = field(default_factory=dict)  # a metric not here: consumable, monthly
+    features: tuple[str, ...] = field(default=())  # every feature any plan names, sorted
+
+    def metric(self, name: str) -> Metric:
+        return self.kinds.get(name) or Metric(name=name)
+
+    def period(self, metric: str, at: datetime | None = None) -> str:
+        """The period a take of `metric` counts in now (or at `at`)."""
+        return self.metric(metric).period_at(at or periods.now())
+
+    def has_feature(self, plan: str, feature: str) -> bool:
+        """Whether `plan` lists `feature`; an unknown plan gets the free plan's features."""
+        p = self.plans.get(plan) or self.plans[self.free_plan]
+        return feature in p.features
 
     def limit(self, plan: str, metric: str) -> Limit:
         """The plan's monthly limit for `metric`; an unknown plan gets the free plan's limits."""
@@ -121,7 +160,13 @@ def parse_plans(data: dict[str, Any]) -> PlanConfig:
     for name, body in raw.items():
         if not isinstance(body, dict):
             raise PlanConfigError(f"plans.{name}: expected a table")
-        unknown = set(body) - {"limits", "stripe_prices", "revenuecat_entitlements", "revenuecat_products"}
+        unknown = set(body) - {
+            "limits",
+            "features",
+            "stripe_prices",
+            "revenuecat_entitlements",
+            "revenuecat_products",
+        }
         if unknown:
             raise PlanConfigError(f"plans.{name}: unknown keys {sorted(unknown)}")
         limits = body.get("limits", {})
@@ -135,6 +180,7 @@ def parse_plans(data: dict[str, Any]) -> PlanConfig:
                 name, "revenuecat_entitlements", body.get("revenuecat_entitlements")
             ),
             revenuecat_products=_strings(name, "revenuecat_products", body.get("revenuecat_products")),
+            features=_strings(name, "features", body.get("features")),
         )
         for key in ("stripe_prices", "revenuecat_entitlements", "revenuecat_products"):
             for v in getattr(plan, key):
@@ -143,7 +189,41 @@ def parse_plans(data: dict[str, Any]) -> PlanConfig:
                     raise PlanConfigError(f"{key} {v!r} maps to both {other!r} and {name!r}")
         plans[name] = plan
     metrics = tuple(sorted({m for p in plans.values() for m in p.limits}))
-    return PlanConfig(free_plan=free, plans=plans, metrics=metrics)
+    features = tuple(sorted({f for p in plans.values() for f in p.features}))
+    for f in features:
+        if f in metrics:
+            raise PlanConfigError(f"features: {f!r} is also a metric; a name is one or the other")
+    kinds = _kinds(data.get("metrics", {}), metrics)
+    return PlanConfig(free_plan=free, plans=plans, metrics=metrics, kinds=kinds, features=features)
+
+
+def _kinds(raw: Any, metrics: tuple[str, ...]) -> dict[str, Metric]:
+    """The [metrics] table: each entry `{ kind = "consumable" | "allocation", reset = "month" | "day" }`."""
+    if not isinstance(raw, dict):
+        raise PlanConfigError("metrics: expected a table of metric = { kind, reset }")
+    kinds: dict[str, Metric] = {}
+    for name, body in raw.items():
+        key = f"metrics.{name}"
+        if name not in metrics:
+            raise PlanConfigError(f"{key}: no plan lists this metric in its limits")
+        if not isinstance(body, dict):
+            raise PlanConfigError(f"{key}: expected a table such as {{ kind = \"allocation\" }}")
+        unknown = set(body) - {"kind", "reset"}
+        if unknown:
+            raise PlanConfigError(f"{key}: unknown keys {sorted(unknown)}")
+        kind = body.get("kind", "consumable")
+        if kind not in KINDS:
+            raise PlanConfigError(f"{key}.kind: expected one of {', '.join(KINDS)}")
+        if kind == "allocation":
+            if "reset" in body:
+                raise PlanConfigError(f"{key}.reset: an allocation is never reset; remove the key")
+            kinds[name] = Metric(name=name, kind=kind, reset=None)
+            continue
+        reset = body.get("reset", "month")
+        if reset not in RESETS:
+            raise PlanConfigError(f"{key}.reset: expected one of {', '.join(RESETS)}")
+        kinds[name] = Metric(name=name, kind=kind, reset=reset)
+    return kinds
 
 
 def load_plans(path: Path) -> PlanConfig:

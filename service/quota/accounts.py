@@ -38,7 +38,7 @@ class MetricView:
         return None if self.limit is None else max(self.limit - self.used, 0)
 
     @property
-    def resets_at(self) -> str:
+    def resets_at(self) -> str | None:
         return periods.resets_at(self.period)
 
     @property

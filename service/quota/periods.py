@@ -1,13 +1,23 @@
-"""Periods are calendar months in UTC, written YYYY-MM."""
+"""Periods, as counters and ledger rows name them: a calendar month in UTC (YYYY-MM), a UTC day
+(YYYY-MM-DD) for a consumable reset daily, and HELD for an allocation, which has none.
+
+The three sort apart as strings, which the resets rely on: a month's days sort between the month and
+the next month ('2026-11' < '2026-11-30' < '2026-12'), and HELD after every date, so no
+`period < P` ever matches an allocation's counter."""
 
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 # Anchored as JSON Schema reads a pattern, so that the OpenAPI document can quote it; used with
 # fullmatch() only, because Python's `$` also matches before a trailing newline.
 PERIOD_RE = re.compile(r"^[0-9]{4}-(0[1-9]|1[0-2])$")
+DAY_RE = re.compile(r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])$")
+# Either: what a `period` query parameter may name.
+MONTH_OR_DAY_RE = re.compile(r"^[0-9]{4}-(0[1-9]|1[0-2])(-(0[1-9]|[12][0-9]|3[01]))?$")
+# The period of an allocation's counter and ledger rows.
+HELD = "held"
 
 
 def now() -> datetime:
@@ -18,6 +28,10 @@ def now() -> datetime:
 def period_of(at: datetime) -> str:
     at = at.astimezone(UTC)
     return f"{at.year:04d}-{at.month:02d}"
+
+
+def day_of(at: datetime) -> str:
+    return at.astimezone(UTC).date().isoformat()
 
 
 def current_period() -> str:
@@ -33,10 +47,29 @@ def period_start(period: str) -> datetime:
     return datetime(int(period[:4]), int(period[5:]), 1, tzinfo=UTC)
 
 
-def resets_at(period: str) -> str:
-    """When `period` ends and the next one starts from zero, as an ISO 8601 UTC timestamp."""
-    return period_start(next_period(period)).isoformat().replace("+00:00", "Z")
+def day_start(day: str) -> datetime:
+    return datetime.fromisoformat(day).replace(tzinfo=UTC)
+
+
+def resets_at(period: str) -> str | None:
+    """When `period` (a month or a day) ends and the next one starts from zero, as an ISO 8601 UTC
+    timestamp; None for HELD, which never resets."""
+    if period == HELD:
+        return None
+    end = day_start(period) + timedelta(days=1) if is_day(period) else period_start(next_period(period))
+    return end.isoformat().replace("+00:00", "Z")
 
 
 def is_period(s: str) -> bool:
     return bool(PERIOD_RE.fullmatch(s))
+
+
+def is_day(s: str) -> bool:
+    """A real UTC day written YYYY-MM-DD (2026-02-30 is not one)."""
+    if not DAY_RE.fullmatch(s):
+        return False
+    try:
+        datetime.fromisoformat(s)
+    except ValueError:
+        return False
+    return True
