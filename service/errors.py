@@ -64,6 +64,22 @@ class IdempotencyKeyReused(QuotaError):
     status = 409
 
 
+class MetricKindChanged(QuotaError):
+    """The plan config changed this metric's kind or reset while the account's counter still holds
+    usage counted the old way; nothing was moved. `quota-ledger convert-metric` closes such counters
+    (README, "Plan items")."""
+
+    code = "metric_kind_changed"
+    status = 409
+
+
+class NotResettable(QuotaError):
+    """An allocation is never reset: its units are held by real things and come back by releases."""
+
+    code = "not_resettable"
+    status = 409
+
+
 class CustomerAlreadyLinked(QuotaError):
     """This Stripe customer is already linked to another account."""
 

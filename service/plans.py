@@ -4,9 +4,10 @@ features of each plan, and provider mappings.
 Nothing about plans is hard-coded; a deployment with other plans edits the file. A metric that a plan
 does not list has limit 0 on that plan; "unlimited" is stored as None. A metric is a consumable reset
 every calendar month (UTC) unless `[metrics]` says otherwise: a consumable reset every UTC day, or an
-allocation (seats), held until released and never reset. A feature a plan does not list is off on it. Plans are listed from the
-lowest to the highest: when one subscription maps to several plans (a Stripe subscription with items
-of two plans, RevenueCat entitlements of two plans), the highest, the one listed last, is its tier.
+allocation (seats), held until released and never reset. A feature a plan does not list is off on it.
+Plans are listed from the lowest to the highest: when one subscription maps to several plans (a
+Stripe subscription with items of two plans, RevenueCat entitlements of two plans), the highest, the
+one listed last, is its tier.
 
 Who keeps access under which status (the lapse rule) is not here: it is a SQL function
 (billing_is_lapsed, migrations/repeatable/billing_rules.sql), which every statement that needs it
@@ -25,11 +26,12 @@ from typing import Any
 
 from service.errors import PlanConfigError
 from service.quota import periods
+from service.vocabulary import MetricKind, ResetInterval
 
 Limit = int | None  # None = unlimited
 
-KINDS = ("consumable", "allocation")
-RESETS = ("month", "day")
+KINDS = tuple(MetricKind)
+RESETS = tuple(ResetInterval)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,14 +40,14 @@ class Metric:
     allocation (held until released)."""
 
     name: str
-    kind: str = "consumable"
-    reset: str | None = "month"
+    kind: str = MetricKind.CONSUMABLE
+    reset: str | None = ResetInterval.MONTH
 
     def period_at(self, at: datetime) -> str:
         """The period a take at `at` counts in (periods.py: month, day, or HELD)."""
         if self.reset is None:
             return periods.HELD
-        return periods.day_of(at) if self.reset == "day" else periods.period_of(at)
+        return periods.day_of(at) if self.reset == ResetInterval.DAY else periods.period_of(at)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -207,22 +209,22 @@ def _kinds(raw: Any, metrics: tuple[str, ...]) -> dict[str, Metric]:
         if name not in metrics:
             raise PlanConfigError(f"{key}: no plan lists this metric in its limits")
         if not isinstance(body, dict):
-            raise PlanConfigError(f"{key}: expected a table such as {{ kind = \"allocation\" }}")
+            raise PlanConfigError(f'{key}: expected a table such as {{ kind = "allocation" }}')
         unknown = set(body) - {"kind", "reset"}
         if unknown:
             raise PlanConfigError(f"{key}: unknown keys {sorted(unknown)}")
-        kind = body.get("kind", "consumable")
+        kind = body.get("kind", MetricKind.CONSUMABLE)
         if kind not in KINDS:
             raise PlanConfigError(f"{key}.kind: expected one of {', '.join(KINDS)}")
-        if kind == "allocation":
+        if kind == MetricKind.ALLOCATION:
             if "reset" in body:
                 raise PlanConfigError(f"{key}.reset: an allocation is never reset; remove the key")
-            kinds[name] = Metric(name=name, kind=kind, reset=None)
+            kinds[name] = Metric(name=name, kind=MetricKind.ALLOCATION, reset=None)
             continue
-        reset = body.get("reset", "month")
+        reset = body.get("reset", ResetInterval.MONTH)
         if reset not in RESETS:
             raise PlanConfigError(f"{key}.reset: expected one of {', '.join(RESETS)}")
-        kinds[name] = Metric(name=name, kind=kind, reset=reset)
+        kinds[name] = Metric(name=name, kind=MetricKind.CONSUMABLE, reset=ResetInterval(reset))
     return kinds
 
 

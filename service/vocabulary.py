@@ -88,3 +88,17 @@ class LimitSource(StrEnum):
 # An account id: written `^...$` as JSON Schema and PostgreSQL read it; match it whole (fullmatch).
 ACCOUNT_ID_PATTERN = r"^[A-Za-z0-9._:@-]{1,128}$"
 ACCOUNT_ID_RULE = "1-128 characters of [A-Za-z0-9._:@-]"
+
+
+class MetricKind(StrEnum):
+    """How a metric's counter moves (plans.toml [metrics])."""
+
+    CONSUMABLE = "consumable"  # used up, then zeroed at each period's start
+    ALLOCATION = "allocation"  # held until released (seats); never reset
+
+
+class ResetInterval(StrEnum):
+    """When a consumable's counter starts from zero: the calendar month or the day, in UTC."""
+
+    MONTH = "month"
+    DAY = "day"

@@ -35,7 +35,13 @@ BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
         "task": "quota.monthly_reset",
         "schedule": crontab(minute=5, hour=0, day_of_month=1),
     },
-    # Hourly: runs the current period's reset unless its run row says done (then a no-op read).
+    # 00:01 UTC every day: the counters of daily metrics.
+    "daily-reset": {
+        "task": "quota.daily_reset",
+        "schedule": crontab(minute=1, hour=0),
+        "options": {"expires": 50 * 60},  # a stale one is dropped; the hourly catch-up covers it
+    },
+    # Hourly: runs the current month's and day's resets unless their run rows say done (then no-op reads).
     "reset-catch-up": {
         "task": "quota.reset_catch_up",
         "schedule": crontab(minute=35),

@@ -42,6 +42,23 @@ def monthly_reset(
     return outcome.as_dict()
 
 
+@app.task(name="quota.daily_reset")
+def daily_reset(
+    day: str | None = None,
+    at: str | None = None,
+    batch_size: int = reset.DEFAULT_BATCH_SIZE,
+    duty: float = reset.DEFAULT_DUTY,
+    min_rate: float = reset.DEFAULT_MIN_RATE,
+) -> dict[str, object]:
+    """Reset every counter of a daily metric into `day` (default: the UTC day of `at`, an ISO 8601
+    time, default now), once, paced (service.quota.reset)."""
+    when = datetime.fromisoformat(at) if at else None
+    with _connect(Settings.from_env()) as conn:
+        outcome = reset.reset_day(conn, day=day, at=when, batch_size=batch_size, duty=duty, min_rate=min_rate)
+    log.info("%s", outcome.message)
+    return outcome.as_dict()
+
+
 @app.task(name="quota.reset_catch_up")
 def reset_catch_up(
     at: str | None = None,
@@ -50,15 +67,19 @@ def reset_catch_up(
     duty: float = reset.DEFAULT_DUTY,
     min_rate: float = reset.DEFAULT_MIN_RATE,
 ) -> dict[str, object]:
-    """The hourly tick: the current period's reset if it is not done. `at` (ISO 8601) sets the
-    clock, for tests."""
+    """The hourly tick: the current month's reset if it is not done, then the current day's. `at`
+    (ISO 8601) sets the clock, for tests. Returns the month's outcome, with the day's under "daily"."""
     when = datetime.fromisoformat(at) if at else None
     with _connect(Settings.from_env()) as conn:
-        outcome = reset.catch_up(
-            conn, at=when, batch_size=batch_size, pause=pause, duty=duty, min_rate=min_rate
-        )
-    log.info("%s", outcome.message)
-    return outcome.as_dict()
+        outcomes = [
+            reset.catch_up(
+                conn, at=when, batch_size=batch_size, pause=pause, duty=duty, min_rate=min_rate, cadence=c
+            )
+            for c in (reset.MONTHLY, reset.DAILY)
+        ]
+    for outcome in outcomes:
+        log.info("%s", outcome.message)
+    return {**outcomes[0].as_dict(), "daily": outcomes[1].as_dict()}
 
 
 @app.task(name="quota.plan_sync")

@@ -83,8 +83,10 @@ END
 $f$;
 
 -- The lazy rollover of one counter into p_period (takes.sql `roll_over`), and the ledger row that
--- records what it cleared. FOR UPDATE reads the latest row version (and skips it if another
--- statement rolled it over first), so `prior.used` is exactly what this statement clears. A counter
+-- records what it cleared: from an earlier period of the same kind, or from a period of another kind
+-- (month, day, held: service/quota/periods.py) when the metric's kind changed in the plan config
+-- (the caller decides when that may clear usage). FOR UPDATE reads the latest row version (and skips
+-- it if another statement rolled it over first), so `prior.used` is exactly what this statement clears. A counter
 -- that held nothing needs no reset row, so its chain does not move. The unique index on period-open
 -- keys makes a second opening impossible.
 CREATE OR REPLACE FUNCTION ledger_roll_over(p_account_id text, p_metric text, p_period text, p_actor text)
@@ -95,7 +97,8 @@ BEGIN
 WITH prior AS (
     SELECT q.account_id, q.metric, q.used
       FROM quotas q
-     WHERE q.account_id = p_account_id AND q.metric = p_metric AND q.period < p_period
+     WHERE q.account_id = p_account_id AND q.metric = p_metric AND q.period <> p_period
+       AND (q.period < p_period OR char_length(q.period) <> char_length(p_period))
        FOR UPDATE
 ), opened AS (
     UPDATE quotas q
@@ -125,7 +128,8 @@ END
 $f$;
 
 -- Gives a take's units back, once, in the take's own period only, never below zero (takes.sql
--- `release`). The counter row is locked first so `held.used` is current; a concurrent second release
+-- `release`). p_period is the day of the release (or a month): a take counts in that day, that
+-- month, or `held` (an allocation's take, which may be given back at any later time). The counter row is locked first so `held.used` is current; a concurrent second release
 -- of the same take fails on the unique index (one release per take), which aborts its whole
 -- statement. Every table is filtered on the account, so that Citus routes it to one shard.
 CREATE OR REPLACE FUNCTION ledger_release(p_account_id text, p_take_id bigint, p_period text, p_actor text)
@@ -138,7 +142,8 @@ RETURN QUERY
 WITH taken AS (
     SELECT t.account_id, t.metric, t.period, t.units, t.id
       FROM ledger t
-     WHERE t.account_id = p_account_id AND t.id = p_take_id AND t.kind = 'take' AND t.period = p_period
+     WHERE t.account_id = p_account_id AND t.id = p_take_id AND t.kind = 'take'
+       AND t.period IN (p_period, left(p_period, 7), 'held')
        AND NOT EXISTS (SELECT 1 FROM ledger r
                         WHERE r.account_id = p_account_id AND r.kind = 'release' AND r.take_id = t.id)
 ), held AS (
@@ -224,9 +229,10 @@ VALUES (p_actor, 'counter_reset', p_account_id, p_metric,
 END
 $f$;
 
--- Opens p_period for one group of the monthly reset (service/quota/reset.sql `reset_pick` and
--- `reset_group`): the counters of these accounts (all on one shard) from the group's first to its
--- last counter in index order that are still in an earlier period. The same steps as
+-- Opens p_period (a month, or a day) for one group of the monthly or daily reset
+-- (service/quota/reset.sql `reset_pick` and `reset_group`): the counters of these accounts (all on
+-- one shard) from the group's first to its last counter in index order that are still in an earlier
+-- period of the same kind (the same length: a month's counters are never opened into a day). The same steps as
 -- ledger_roll_over, over many rows. FOR UPDATE reads each row's latest version; a counter that a
 -- take rolled over meanwhile no longer matches `period < P` on the re-check and drops out, so usage
 -- taken in the new period is never zeroed and no counter is opened twice. Rows are locked in key
@@ -247,7 +253,7 @@ WITH batch AS (
      WHERE q.account_id = ANY(p_account_ids)
        AND (q.period, q.account_id, q.metric) >= (p_first_period, p_first_account, p_first_metric)
        AND (q.period, q.account_id, q.metric) <= (p_last_period, p_last_account, p_last_metric)
-       AND q.period < p_period AND NOT q.account_deleted
+       AND q.period < p_period AND char_length(q.period) = char_length(p_period) AND NOT q.account_deleted
      ORDER BY q.account_id, q.metric
        FOR UPDATE
 ), opened AS (

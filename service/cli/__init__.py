@@ -23,11 +23,12 @@ import psycopg
 
 from service.cli.progress import JobLog, Progress
 from service.config import Settings
-from service.errors import PlanConfigError
+from service.errors import MetricKindChanged, PlanConfigError
 from service.vocabulary import Role
 
 if TYPE_CHECKING:
     from service.plans import PlanConfig
+    from service.quota.reset import Cadence
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -230,23 +231,38 @@ def _log_to_stderr(verbose: bool) -> None:
 def cmd_reset_month(args: argparse.Namespace) -> int:
     """The monthly reset, the same code as the Celery task. Exit 0 when it did the work, found it
     done, or found the lock busy (another runner is on it); the output says which."""
+    from service.quota.reset import MONTHLY
+
+    return _reset(args, MONTHLY, args.period)
+
+
+def cmd_reset_day(args: argparse.Namespace) -> int:
+    """The daily reset (the counters of daily consumables), as cmd_reset_month."""
+    from service.quota.reset import DAILY
+
+    return _reset(args, DAILY, args.day)
+
+
+def _reset(args: argparse.Namespace, cadence: Cadence, period: str | None) -> int:
     from service.quota.reset import reset_month
 
+    command = cadence.command
     _log_to_stderr(args.verbose)
-    progress = Progress("reset-month", unit="counters", allowed=not args.verbose)
+    progress = Progress(command, unit="counters", allowed=not args.verbose)
     bridged = JobLog(progress).attached("service.quota.reset") if progress.on else contextlib.nullcontext()
     with _connect(_settings()) as conn, progress, bridged:
         try:
             outcome = reset_month(
                 conn,
-                period=args.period,
+                period=period,
                 batch_size=args.batch_size,
                 pause=args.pause,
                 duty=args.duty,
                 min_rate=args.min_rate,
+                cadence=cadence,
             )
         except ValueError as e:
-            print(f"quota-ledger reset-month: {e}", file=sys.stderr)
+            print(f"quota-ledger {command}: {e}", file=sys.stderr)
             return 2
     print(outcome.message)
     return 0
@@ -282,15 +298,38 @@ def cmd_sync_plans(args: argparse.Namespace) -> int:
 
     with _connect(settings) as conn, progress, bridged:
         progress.total = _rows_estimate(conn, "accounts")
-        outcome = sync_plans(
-            conn,
-            plans,
-            dry_run=args.dry_run,
-            batch_size=args.batch_size,
-            on_change=show,
-            on_progress=progress.update,
-        )
+        try:
+            outcome = sync_plans(
+                conn,
+                plans,
+                dry_run=args.dry_run,
+                batch_size=args.batch_size,
+                on_change=show,
+                on_progress=progress.update,
+            )
+        except MetricKindChanged as e:
+            raise UsageError(f"refused, nothing changed: {e}") from None
     print(outcome.message)
+    return 0
+
+
+def cmd_convert_metric(args: argparse.Namespace) -> int:
+    """Convert the counters of a metric whose kind or reset changed in the plan config."""
+    from service.quota import kinds
+
+    settings = _settings()
+    plans = _job_plans(settings)
+    if args.metric not in plans.metrics:
+        raise UsageError(f"unknown metric {args.metric!r}; known: {', '.join(plans.metrics)}")
+    progress = Progress("convert-metric", unit="counters")
+    with _connect(settings) as conn, progress:
+        done = kinds.convert(conn, plans, metric=args.metric, on_progress=progress.update)
+    kind = plans.metric(args.metric)
+    now = kind.kind if kind.reset is None else f"{kind.kind}, reset every {kind.reset}"
+    print(
+        f"convert-metric {args.metric}: {done} counters now counted as {now}; what they held is "
+        "in the ledger, cleared by their period-open reset rows"
+    )
     return 0
 
 
@@ -552,7 +591,9 @@ ENVIRONMENT: dict[str, tuple[str, ...]] = {
     "ledger checkpoint": (_DB, "LEDGER_CHECKPOINT_KEY (without --key)"),
     "reconcile": (_DB,),
     "reset-month": (_DB, "PLANS_FILE"),
+    "reset-day": (_DB, "PLANS_FILE"),
     "sync-plans": (_DB, "PLANS_FILE"),
+    "convert-metric": (_DB, "PLANS_FILE"),
     "expire-access": (_DB, "PLANS_FILE"),
     "inbox": (_DB,),
 }
@@ -654,7 +695,14 @@ def build_parser() -> argparse.ArgumentParser:
     beat.add_argument("--loglevel", default="INFO", help="Celery's log level")
     beat.set_defaults(func=cmd_beat)
 
-    from service.quota.periods import is_period
+    from service.quota.periods import LEDGER_PERIOD_RE, is_day, is_period
+
+    def ledger_period_arg(s: str) -> str:
+        if not LEDGER_PERIOD_RE.fullmatch(s):
+            raise argparse.ArgumentTypeError(
+                f"{s!r} is not a month YYYY-MM (with its days), a day YYYY-MM-DD, or held (allocations)"
+            )
+        return s
 
     def period_arg(s: str) -> str:
         if not is_period(s):
@@ -692,29 +740,47 @@ def build_parser() -> argparse.ArgumentParser:
     checkpoint.add_argument("--output", metavar="FILE", help="default: standard output")
     checkpoint.set_defaults(func=cmd_ledger_checkpoint)
     exp = ledger.add_parser("export", help="a period's ledger, streamed (the columns of /v1/ledger.csv)")
-    exp.add_argument("--period", type=period_arg, required=True, metavar="YYYY-MM")
+    exp.add_argument("--period", type=ledger_period_arg, required=True, metavar="YYYY-MM")
     exp.add_argument("--format", choices=["csv", "jsonl"], default="csv", help="CSV or JSON lines")
     exp.add_argument("--output", metavar="FILE", help="default: standard output")
     exp.set_defaults(func=cmd_ledger_export)
 
     rec = sub.add_parser("reconcile", help="counters vs ledger for a period; exit 1 on a mismatch")
-    rec.add_argument("--period", type=period_arg, required=True, metavar="YYYY-MM")
+    rec.add_argument("--period", type=ledger_period_arg, required=True, metavar="YYYY-MM")
     rec.set_defaults(func=cmd_reconcile)
 
-    reset = sub.add_parser("reset-month", help="run the monthly reset now (a no-op once done)")
-    reset.add_argument("--period", type=period_arg, metavar="YYYY-MM", help="default: the current UTC month")
+    def day_arg(s: str) -> str:
+        if not is_day(s):
+            raise argparse.ArgumentTypeError(f"{s!r} is not a day YYYY-MM-DD")
+        return s
+
     from service.quota.reset import DEFAULT_BATCH_SIZE, DEFAULT_DUTY, DEFAULT_MIN_RATE
 
-    reset.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="counters per transaction")
-    reset.add_argument("--pause", type=float, default=0.0, help="extra seconds to sleep between batches")
-    reset.add_argument(
-        "--duty", type=float, default=DEFAULT_DUTY, help="share of time spent in batches (1: no pacing)"
+    month = sub.add_parser("reset-month", help="run the monthly reset now (a no-op once done)")
+    month.add_argument("--period", type=period_arg, metavar="YYYY-MM", help="default: the current UTC month")
+    month.set_defaults(func=cmd_reset_month)
+    day = sub.add_parser("reset-day", help="run the daily reset (daily metrics) now (a no-op once done)")
+    day.add_argument("--day", type=day_arg, metavar="YYYY-MM-DD", help="default: the current UTC day")
+    day.set_defaults(func=cmd_reset_day)
+    for reset in (month, day):
+        reset.add_argument(
+            "--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="counters per transaction"
+        )
+        reset.add_argument("--pause", type=float, default=0.0, help="extra seconds to sleep between batches")
+        reset.add_argument(
+            "--duty", type=float, default=DEFAULT_DUTY, help="share of time spent in batches (1: no pacing)"
+        )
+        reset.add_argument(
+            "--min-rate", type=float, default=DEFAULT_MIN_RATE, help="counters/s the pacing never goes below"
+        )
+        reset.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+
+    conv = sub.add_parser(
+        "convert-metric",
+        help="count a metric's counters as the kind PLANS_FILE now gives it (clears what they hold)",
     )
-    reset.add_argument(
-        "--min-rate", type=float, default=DEFAULT_MIN_RATE, help="counters/s the pacing never goes below"
-    )
-    reset.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
-    reset.set_defaults(func=cmd_reset_month)
+    conv.add_argument("metric", help="a metric of PLANS_FILE whose kind or reset changed")
+    conv.set_defaults(func=cmd_convert_metric)
 
     sync = sub.add_parser("sync-plans", help="bring stored plan limits in line with PLANS_FILE")
     sync.add_argument("--dry-run", action="store_true", help="print the changes, write nothing")

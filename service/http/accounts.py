@@ -157,7 +157,23 @@ def get_usage(id: str) -> Response:
     """
     args = query_args(rq.USAGE_QUERY)
     rt = runtime()
-    period = args.get("period") or periods.current_period()
+    metric = args["metric"]
+    accounts.require_metric(rt.plans, metric)
+    current = rt.plans.period(metric)
+    period = args.get("period") or current
+    if not periods.same_kind(period, current):
+        raise ValidationFailed(
+            "the period is not of the metric's kind",
+            fields={"period": [_PERIOD_OF_KIND[len(current)].format(metric=metric)]},
+        )
     with rt.connection() as conn:
-        used = usage.usage(conn, rt.plans, account_id=account_id(id), metric=args["metric"], period=period)
-    return jsonify(rs.USAGE.dump({"metric": args["metric"], "period": period, "used": used}))
+        used = usage.usage(conn, rt.plans, account_id=account_id(id), metric=metric, period=period)
+    return jsonify(rs.USAGE.dump({"metric": metric, "period": periods.shown(period), "used": used}))
+
+
+# What a usage query must name for a metric whose current period is this long (periods.py).
+_PERIOD_OF_KIND = {
+    len(periods.HELD): "{metric} is an allocation: it has no period; omit period for what is held now",
+    len("YYYY-MM"): "{metric} resets monthly: name a month, YYYY-MM",
+    len("YYYY-MM-DD"): "{metric} resets daily: name a day, YYYY-MM-DD",
+}

@@ -7,14 +7,14 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
-from service.errors import AccountDeleted, UnknownAccount, UnknownMetric
+from service.errors import AccountDeleted, NotResettable, UnknownAccount, UnknownMetric
 from service.http.auth import actor, require
 from service.http.errors import InvalidJson, ValidationFailed, refuses
 from service.http.runtime import runtime
 from service.http.schemas import requests as rq
 from service.http.schemas import responses as rs
 from service.http.validation import account_id, json_body
-from service.quota import accounts, admin, overrides, periods
+from service.quota import accounts, admin, overrides
 from service.quota.accounts import MetricView
 
 bp = Blueprint("admin", __name__, url_prefix="/v1/admin")
@@ -95,9 +95,10 @@ def delete_override(id: str, metric: str) -> Response:
 
 @bp.post("/accounts/<id>/reset")
 @require("admin")
-@refuses(InvalidJson, ValidationFailed, UnknownMetric, UnknownAccount, AccountDeleted)
+@refuses(InvalidJson, ValidationFailed, UnknownMetric, UnknownAccount, AccountDeleted, NotResettable)
 def post_reset(id: str) -> Response:
-    """Reset a counter of the current month to 0: one reset ledger row naming the key, audited.
+    """Reset a counter of its current period (month or day) to 0: one reset ledger row naming the key,
+    audited. An allocation's is refused (409 not_resettable): releases give its units back.
     ---
     post:
       requestBody: {required: true, content: {application/json: {schema: ResetRequest}}}
@@ -106,7 +107,7 @@ def post_reset(id: str) -> Response:
     """
     body = json_body(rq.RESET_REQUEST)
     rt = runtime()
-    period = periods.current_period()
+    period = rt.plans.period(body["metric"])
     with rt.connection() as conn:
         previous = admin.reset_counter(
             conn, rt.plans, account_id=account_id(id), metric=body["metric"], actor=actor(), period=period

@@ -25,10 +25,12 @@ class MetricView:
     """One metric of an account: its effective limit (None = unlimited), which rule set it, usage."""
 
     metric: str
+    kind: str  # 'consumable' | 'allocation'
+    reset: str | None  # 'month' | 'day'; None for an allocation
     limit: int | None
     limit_source: str
     used: int
-    period: str
+    counter_period: str  # periods.HELD for an allocation
     plan_limit: int | None
     override_set: bool
     override_limit: int | None
@@ -38,8 +40,18 @@ class MetricView:
         return None if self.limit is None else max(self.limit - self.used, 0)
 
     @property
+    def over_limit(self) -> bool:
+        """More is held or used than the limit allows now (a downgrade, a lower override): nothing is
+        given back by itself, and takes are refused until it is below again."""
+        return self.limit is not None and self.used > self.limit
+
+    @property
+    def period(self) -> str | None:
+        return periods.shown(self.counter_period)
+
+    @property
     def resets_at(self) -> str | None:
-        return periods.resets_at(self.period)
+        return periods.resets_at(self.counter_period)
 
     @property
     def override(self) -> dict[str, int | None] | None:
@@ -79,6 +91,15 @@ def _limit_params(plans: PlanConfig, plan: str) -> dict[str, object]:
     }
 
 
+def current_periods(plans: PlanConfig, period: str | None = None) -> list[str]:
+    """Each metric's current period, in plans.metrics order. `period` (a month, or a day) stands
+    for now for the metrics whose periods are of its kind (a caller on another clock: the admin's
+    reset of a given month, tests)."""
+    now = periods.now()
+    found = [plans.period(m, now) for m in plans.metrics]
+    return [period if period is not None and len(period) == len(p) else p for p in found]
+
+
 def find_account(conn: Connection, *, account_id: str) -> Account:
     """The stored account, or UnknownAccount."""
     with conn.cursor(row_factory=class_row(Account)) as cur:
@@ -95,7 +116,7 @@ def ensure_quotas(conn: Connection, plans: PlanConfig, *, account_id: str, perio
         Q.ensure_quotas,
         {
             "account_id": account_id,
-            "period": period or periods.current_period(),
+            "periods": current_periods(plans, period),
             "free_plan": plans.free_plan,
             **_limit_params(plans, acct.plan),
         },
@@ -167,9 +188,15 @@ def get_account(
     conn: Connection, plans: PlanConfig, *, account_id: str, period: str | None = None
 ) -> AccountView:
     """The account with one MetricView per metric of the plan config."""
-    period = period or periods.current_period()
     acct = find_account(conn, account_id=account_id)
-    params = {"account_id": account_id, "period": period, "metrics": list(plans.metrics)}
+    metrics = [plans.metric(m) for m in plans.metrics]
+    params = {
+        "account_id": account_id,
+        "metrics": list(plans.metrics),
+        "periods": current_periods(plans, period),
+        "kinds": [m.kind for m in metrics],
+        "resets": [m.reset for m in metrics],
+    }
     with conn.cursor(row_factory=class_row(MetricView)) as cur:
         limits = cur.execute(Q.account_quotas, params).fetchall()
     if len(limits) < len(plans.metrics):  # a metric added to the config since the account was made

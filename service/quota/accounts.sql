@@ -32,13 +32,13 @@ DELETE FROM stripe_customers WHERE customer_id = %(customer_id)s AND account_id 
 
 -- name: ensure_quotas
 -- Creates the counter rows an account lacks (new account, or a metric added to the plan config),
--- with the limits of its plan. Existing rows are left alone.
+-- with the limits of its plan, each in its metric's current period. Existing rows are left alone.
 INSERT INTO quotas (account_id, metric, plan_limit, free_limit, lapsed, account_deleted, period)
 SELECT a.id, m.metric, m.plan_limit, m.free_limit,
-       billing_is_lapsed(a.plan, a.subscription_status, %(free_plan)s), a.deleted, %(period)s
+       billing_is_lapsed(a.plan, a.subscription_status, %(free_plan)s), a.deleted, m.period
   FROM accounts a,
-       unnest(%(metrics)s::text[], %(plan_limits)s::bigint[], %(free_limits)s::bigint[])
-           AS m (metric, plan_limit, free_limit)
+       unnest(%(metrics)s::text[], %(plan_limits)s::bigint[], %(free_limits)s::bigint[], %(periods)s::text[])
+           AS m (metric, plan_limit, free_limit, period)
  WHERE a.id = %(account_id)s
 ON CONFLICT (account_id, metric) DO NOTHING
 
@@ -48,11 +48,14 @@ SELECT id, kind, plan, subscription_status, stripe_customer_id, deleted
  WHERE id = %(account_id)s
 
 -- name: account_quotas
--- A counter still holding an earlier period reads as 0: the new month has started for it.
-SELECT metric, lim AS "limit", limit_source,
-       CASE WHEN period < %(period)s THEN 0 ELSE used END AS used,
-       greatest(period, %(period)s) AS period,
-       plan_limit, override_set, override_limit
-  FROM quotas
- WHERE account_id = %(account_id)s AND metric = ANY(%(metrics)s)
- ORDER BY metric
+-- Each metric with its current period, kind and reset (from the plan config). A counter still in an
+-- earlier period reads as 0: the new period has started for it.
+SELECT q.metric, m.kind, m.reset, q.lim AS "limit", q.limit_source,
+       CASE WHEN q.period < m.period THEN 0 ELSE q.used END AS used,
+       greatest(q.period, m.period) AS counter_period,
+       q.plan_limit, q.override_set, q.override_limit
+  FROM quotas q
+  JOIN unnest(%(metrics)s::text[], %(periods)s::text[], %(kinds)s::text[], %(resets)s::text[])
+           AS m (metric, period, kind, reset) ON m.metric = q.metric
+ WHERE q.account_id = %(account_id)s
+ ORDER BY q.metric

@@ -7,9 +7,8 @@ from __future__ import annotations
 from psycopg.rows import dict_row
 
 from service.db import Connection, Q, transaction
-from service.errors import AccountDeleted
+from service.errors import AccountDeleted, NotResettable
 from service.plans import PlanConfig
-from service.quota import periods
 from service.quota.accounts import ensure_quotas, find_account, require_metric
 from service.quota.takes import roll_over
 
@@ -23,13 +22,16 @@ def reset_counter(
     actor: str,
     period: str | None = None,
 ) -> int:
-    """Set the counter of the open period to 0 with one reset ledger row naming `actor`;
-    returns the value cleared. A deleted account raises AccountDeleted."""
+    """Set the counter of the open period (its metric's month or day) to 0 with one reset ledger
+    row naming `actor`; returns the value cleared. A deleted account raises AccountDeleted, an
+    allocation NotResettable (its units are held until released)."""
     require_metric(plans, metric)
-    period = period or periods.current_period()
-    params = {"account_id": account_id, "metric": metric, "period": period, "actor": actor}
     if find_account(conn, account_id=account_id).deleted:
         raise AccountDeleted(f"account {account_id!r} was deleted")
+    if plans.metric(metric).reset is None:
+        raise NotResettable(f"{metric} is an allocation: its units are given back by releases, not reset")
+    period = period or plans.period(metric)
+    params = {"account_id": account_id, "metric": metric, "period": period, "actor": actor}
     ensure_quotas(conn, plans, account_id=account_id, period=period)
     with transaction(conn), conn.cursor(row_factory=dict_row) as cur:
         # A counter still in an earlier month is first opened into this one, as a take would.

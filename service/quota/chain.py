@@ -160,8 +160,8 @@ def _link(prev: Any, row: Any) -> str | None:
 
 
 def _time(prev: Any, row: Any, slack: timedelta) -> Iterator[str]:
-    """`at` (by more than `slack`) and `period` never go back along the chain; a counter enters a
-    later period either through its period-open reset row or holding nothing (a counter that held
+    """`at` (by more than `slack`) and `period` never go back along the chain; a counter enters
+    another period either through its period-open reset row or holding nothing (a counter that held
     nothing is moved on without a row)."""
     opens = row.kind == "reset" and row.idempotency_key is not None
     if opens and row.idempotency_key != PERIOD_OPEN + row.period:
@@ -177,9 +177,11 @@ def _time(prev: Any, row: Any, slack: timedelta) -> Iterator[str]:
             f"{allowed}: a row's time was rewritten or a row moved (or the clock of the database node "
             "that wrote it was stepped back)"
         )
-    if row.period < prev.period:
+    # Periods of one kind sort in time (periods.py); a counter whose metric changed kind (month, day,
+    # held) enters the other kind's period as it enters a new period: empty, or by a period-open row.
+    if len(row.period) == len(prev.period) and row.period < prev.period:
         yield f"period {row.period} after the previous row {prev.id}'s {prev.period}: a chain never goes back"
-    elif row.period > prev.period and not opens and prev.used_after != 0:
+    elif row.period != prev.period and not opens and prev.used_after != 0:
         yield (
             f"period {row.period} entered from {prev.period} while the counter held {prev.used_after} "
             f"(row {prev.id}) without a period-open reset row"

@@ -37,6 +37,7 @@ class LedgerEntry:
 class Mismatch:
     account_id: str
     metric: str
+    period: str  # the counter's: the month, one of its days, or `held`
     counter_used: int | None
     ledger_used: int
     last_used_after: int | None

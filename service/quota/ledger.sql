@@ -17,12 +17,14 @@ SELECT id, at, account_id, metric, period, kind, units, used_after, lim, take_id
 -- name: ledger_period_rows
 -- A period's export, counter by counter in chain order (seq), so each row follows the row it links
 -- to: id order is not that order on Citus (a take's id is drawn on its worker, a release's on the
--- coordinator).
+-- coordinator). A month's export includes its days (the periods of daily metrics): they sort
+-- between the month and the month followed by '.' (service/quota/periods.py), day after day, in the
+-- ledger_period index's order.
 SELECT id, at, account_id, metric, period, kind, units, used_after, lim, take_id, idempotency_key, actor,
        prev_hash, hash, seq
   FROM ledger
- WHERE period = %(period)s
- ORDER BY account_id, metric, seq
+ WHERE period >= %(period)s AND period < %(period)s || '.'
+ ORDER BY period, account_id, metric, seq
 
 -- name: export_idle_timeout
 -- SET LOCAL as a function, so that it takes a parameter: the setting ends with the transaction (also
@@ -30,34 +32,37 @@ SELECT id, at, account_id, metric, period, kind, units, used_after, lim, take_id
 SELECT set_config('idle_in_transaction_session_timeout', %(ms)s, true)
 
 -- name: reconciliation
--- Counter vs ledger for one period. For each counter: used must equal Σtake − Σrelease over the
--- period's rows after its latest reset row, and the last row's used_after must equal that sum too
--- (the chain of used_after values is unbroken). Counters that moved on to a later period are
--- checked through their rows; counters still in the period also against their `used`.
+-- Counter vs ledger for one period (a month with its days, as ledger_period_rows; a day; or `held`,
+-- the allocations, never reset: all their takes minus releases). For each counter and period: used
+-- must equal Σtake − Σrelease over the period's rows after its latest reset row, and the last row's
+-- used_after must equal that sum too (the chain of used_after values is unbroken). Counters that
+-- moved on to a later period are checked through their rows; counters still in the period also
+-- against their `used`.
 -- Shaped so that no plan can hinge on the row estimate of the period, which is badly low right
 -- after the monthly reset wrote it: one pass over the period's rows (the latest reset found by a
 -- window over the same sort the aggregate needs, not by joining the rows back to themselves, which
 -- a planner expecting one row runs as a nested loop: quadratic), then a FULL JOIN, which Postgres
 -- can only run as a hash or merge join.
 WITH rows AS (
-    SELECT account_id, metric, seq, kind, units, used_after,
-           max(seq) FILTER (WHERE kind = 'reset') OVER (PARTITION BY account_id, metric) AS reset_seq
+    SELECT account_id, metric, period, seq, kind, units, used_after,
+           max(seq) FILTER (WHERE kind = 'reset') OVER (PARTITION BY account_id, metric, period) AS reset_seq
       FROM ledger
-     WHERE period = %(period)s
+     WHERE period >= %(period)s AND period < %(period)s || '.'
 ), sums AS (
-    SELECT account_id, metric,
+    SELECT account_id, metric, period,
            coalesce(sum(CASE kind WHEN 'take' THEN units WHEN 'release' THEN -units ELSE 0 END)
                         FILTER (WHERE seq > coalesce(reset_seq, 0)), 0)::bigint AS ledger_used,
            (array_agg(used_after ORDER BY seq DESC))[1] AS last_used_after
       FROM rows
-     GROUP BY account_id, metric
+     GROUP BY account_id, metric, period
 ), counters AS (
-    SELECT account_id, metric, used FROM quotas WHERE period = %(period)s
+    SELECT account_id, metric, period::text, used FROM quotas
+     WHERE period >= %(period)s AND period < %(period)s || '.'
 )
-SELECT account_id, metric, c.used AS counter_used, coalesce(s.ledger_used, 0) AS ledger_used,
+SELECT account_id, metric, period, c.used AS counter_used, coalesce(s.ledger_used, 0) AS ledger_used,
        s.last_used_after
-  FROM counters c FULL JOIN sums s USING (account_id, metric)
- ORDER BY account_id, metric
+  FROM counters c FULL JOIN sums s USING (account_id, metric, period)
+ ORDER BY account_id, metric, period
 
 -- name: audit_page
 SELECT id, at, actor, action, nullif(account_id, '') AS account_id, metric, old, new

@@ -14,10 +14,12 @@ from datetime import UTC, datetime, timedelta
 # fullmatch() only, because Python's `$` also matches before a trailing newline.
 PERIOD_RE = re.compile(r"^[0-9]{4}-(0[1-9]|1[0-2])$")
 DAY_RE = re.compile(r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])$")
-# Either: what a `period` query parameter may name.
+# Either: the periods a usage query may name.
 MONTH_OR_DAY_RE = re.compile(r"^[0-9]{4}-(0[1-9]|1[0-2])(-(0[1-9]|[12][0-9]|3[01]))?$")
 # The period of an allocation's counter and ledger rows.
 HELD = "held"
+# Any: what finance's reads of the ledger (pages, export, reconciliation) may name.
+LEDGER_PERIOD_RE = re.compile(r"^(held|[0-9]{4}-(0[1-9]|1[0-2])(-(0[1-9]|[12][0-9]|3[01]))?)$")
 
 
 def now() -> datetime:
@@ -58,6 +60,16 @@ def resets_at(period: str) -> str | None:
         return None
     end = day_start(period) + timedelta(days=1) if is_day(period) else period_start(next_period(period))
     return end.isoformat().replace("+00:00", "Z")
+
+
+def shown(period: str) -> str | None:
+    """A period as the API shows it: None for HELD (an allocation has no period)."""
+    return None if period == HELD else period
+
+
+def same_kind(a: str, b: str) -> bool:
+    """Both months, both days, or both HELD: the periods that compare in time."""
+    return len(a) == len(b)
 
 
 def is_period(s: str) -> bool:

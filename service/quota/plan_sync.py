@@ -31,6 +31,7 @@ from psycopg.rows import class_row, dict_row
 from service.db import Connection, Q, transaction, try_advisory_xact_lock
 from service.plans import Limit, PlanConfig
 from service.quota import periods
+from service.quota.kinds import refuse_conflicts
 
 log = logging.getLogger(__name__)
 
@@ -188,11 +189,16 @@ def sync_plans(
     plan-sync advisory lock (busy: skip). `on_change` is called for each change (made, or with
     `dry_run` that would be made), `on_progress` with the accounts checked so far after each group
     (every 100th is logged at INFO too). Load `plans` with `load_plans` first: a broken config raises
-    there and nothing is changed. Needs an autocommit connection. New counter rows open in
-    `period` (default: the current one). The caller reports the changes and the outcome (the task
-    logs them, the command prints them): said here too, a command run with -v would show each
-    twice."""
+    there and nothing is changed; a metric whose kind changed while counters hold usage counted the
+    old way raises MetricKindChanged, and nothing is changed. Needs an autocommit connection. New
+    counter rows open in `period` (default: the current month; a counter of another kind that holds
+    nothing moves to its own period on its first take). The caller reports the changes and the
+    outcome (the task logs them, the command prints them): said here too, a command run with -v
+    would show each twice."""
     started = time.monotonic()
+    # Counters still counted as a kind the config no longer gives their metric are converted first
+    # (service/quota/kinds.py): refused here, before anything is written.
+    refuse_conflicts(conn, plans)
     period = period or periods.current_period()
     after = ""
     groups: deque[list[str]] = deque()  # the current batch's groups not yet synced

@@ -1,4 +1,7 @@
-"""The monthly reset: every live counter starts the calendar month (UTC) from zero, exactly once.
+"""The monthly and daily resets: every live counter of a monthly consumable starts the calendar month
+(UTC) from zero, exactly once, and every counter of a daily one the UTC day. Allocations are never
+reset. The two jobs are the same code over their own counters (a `Cadence` each): the counters whose
+periods are of the job's kind, its run rows and its lock.
 
 It is the lazy rollover of `takes.take` done eagerly, in paced batches of one shard each. Once per
 (account, metric, period) holds by construction: a try-lock per batch (busy: skip), the claimed
@@ -14,6 +17,7 @@ import os
 import socket
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -28,10 +32,47 @@ log = logging.getLogger(__name__)
 
 JOB = "monthly_reset"
 ACTOR = "system:monthly_reset"
-# Fixed 64-bit advisory lock key of the monthly reset ("quota-ledger reset", hex-packed ASCII
-# 'qlresets'). Registry of the service's advisory lock keys: this one and
+# Fixed 64-bit advisory lock keys of the monthly reset ("quota-ledger reset", hex-packed ASCII
+# 'qlresets') and the daily one ('qlresetd'). Registry of the service's advisory lock keys: these and
 # service.quota.plan_sync.PLAN_SYNC_LOCK_KEY. Never derive keys from hashtext().
 RESET_LOCK_KEY = 0x716C_7265_7365_7473
+DAY_RESET_LOCK_KEY = 0x716C_7265_7365_7464
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cadence:
+    """One reset job: its name in job_runs and logs, its ledger actor and lock, and its periods."""
+
+    job: str
+    actor: str
+    lock_key: int
+    name: str  # as logs and messages say it
+    command: str  # the quota-ledger command that runs it
+    form: str  # as errors say a period of it
+    period_of: Callable[[datetime], str]
+    is_period: Callable[[str], bool]
+
+
+MONTHLY = Cadence(
+    job=JOB,
+    actor=ACTOR,
+    lock_key=RESET_LOCK_KEY,
+    name="monthly reset",
+    command="reset-month",
+    form="YYYY-MM",
+    period_of=periods.period_of,
+    is_period=periods.is_period,
+)
+DAILY = Cadence(
+    job="daily_reset",
+    actor="system:daily_reset",
+    lock_key=DAY_RESET_LOCK_KEY,
+    name="daily reset",
+    command="reset-day",
+    form="YYYY-MM-DD",
+    period_of=periods.day_of,
+    is_period=periods.is_day,
+)
 # Measured (bench/reset.md): batches of 250 at duty 0.05 keep the takes' p99 during the reset within
 # 1.5x of the new month without it (500 at 0.1 gave 1.79x), and still reset 1,000,000 counters in
 # about 9 minutes under load.
@@ -55,6 +96,7 @@ class ResetOutcome:
 
     status: str
     period: str
+    job: str = MONTHLY.name
     counters_reset: int = 0  # by this invocation
     reset_rows: int = 0  # of which had usage (one reset ledger row each)
     batches: int = 0
@@ -64,7 +106,7 @@ class ResetOutcome:
 
     @property
     def message(self) -> str:
-        head = f"monthly reset {self.period}:"
+        head = f"{self.job} {self.period}:"
         if self.status == "lock_busy":
             tail = (
                 f" (after {self.counters_reset} counters in {self.batches} batches)" if self.batches else ""
@@ -104,14 +146,16 @@ def runner_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def target_period(*, period: str | None = None, at: datetime | None = None) -> str:
+def target_period(
+    *, period: str | None = None, at: datetime | None = None, cadence: Cadence = MONTHLY
+) -> str:
     """The period to reset: `period`, or the one the clock (`at`, default now, UTC) is in.
-    A period after the clock's is refused: opening it early would cut the current month short."""
-    current = periods.period_of(at or periods.now())
+    A period after the clock's is refused: opening it early would cut the current one short."""
+    current = cadence.period_of(at or periods.now())
     if period is None:
         return current
-    if not periods.is_period(period):
-        raise ValueError(f"period {period!r} is not YYYY-MM")
+    if not cadence.is_period(period):
+        raise ValueError(f"period {period!r} is not {cadence.form}")
     if period > current:
         raise ValueError(f"period {period} has not started yet (it is {current} in UTC)")
     return period
@@ -143,13 +187,20 @@ def _pick(
 
 
 def _batch(
-    conn: Connection, *, period: str, batch_size: int, actor: str, runner: str, picked: deque[_Group]
+    conn: Connection,
+    *,
+    cadence: Cadence,
+    period: str,
+    batch_size: int,
+    actor: str,
+    runner: str,
+    picked: deque[_Group],
 ) -> _Batch:
     """One transaction: the next batch of `picked` (read ahead when it is empty), reset and
     recorded under the lock. The batch leaves `picked` only once its transaction committed."""
-    key = {"job": JOB, "period": period}
+    key = {"job": cadence.job, "period": period}
     with transaction(conn), conn.cursor(row_factory=dict_row) as cur:
-        if not try_advisory_xact_lock(conn, RESET_LOCK_KEY):
+        if not try_advisory_xact_lock(conn, cadence.lock_key):
             return _Batch(status="busy")
         run = cur.execute(Q.job_run_claim, key).fetchone()
         assert run is not None
@@ -207,15 +258,17 @@ def reset_month(
     pause: float = 0.0,
     duty: float = DEFAULT_DUTY,
     min_rate: float = DEFAULT_MIN_RATE,
-    actor: str = ACTOR,
+    actor: str | None = None,
+    cadence: Cadence = MONTHLY,
 ) -> ResetOutcome:
-    """Reset every live counter into `period` (default: the period of `at`, default now, in UTC),
-    committing every `batch_size` counters, paced (see the module docstring) by `duty` and
-    `min_rate` (duty 1: no pacing), plus `pause` seconds between batches.
-    Safe to call any number of times, concurrently: see the module docstring. Needs an autocommit
-    connection (each batch opens its own transaction). The caller reports the outcome (the task
-    logs it, the command prints it); this logs only progress."""
-    period = target_period(period=period, at=at)
+    """Reset every live counter of the cadence's kind (monthly by default) into `period` (default:
+    the period of `at`, default now, in UTC), committing every `batch_size` counters, paced (see the
+    module docstring) by `duty` and `min_rate` (duty 1: no pacing), plus `pause` seconds between
+    batches. Safe to call any number of times, concurrently: see the module docstring. Needs an
+    autocommit connection (each batch opens its own transaction). The caller reports the outcome
+    (the task logs it, the command prints it); this logs only progress."""
+    period = target_period(period=period, at=at, cadence=cadence)
+    actor = actor or cadence.actor
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
     if not 0 < duty <= 1 or min_rate <= 0:
@@ -229,6 +282,7 @@ def reset_month(
         return ResetOutcome(
             status=status,
             period=period,
+            job=cadence.name,
             counters_reset=counters,
             reset_rows=reset_rows,
             batches=batches,
@@ -237,18 +291,24 @@ def reset_month(
             run_reset_rows=step.run_reset_rows if step else 0,
         )
 
-    log.debug("monthly reset %s: starting (runner %s, batches of %d)", period, runner, batch_size)
+    log.debug("%s %s: starting (runner %s, batches of %d)", cadence.name, period, runner, batch_size)
     while True:
         began = time.monotonic()
         try:
             step = _batch(
-                conn, period=period, batch_size=batch_size, actor=actor, runner=runner, picked=picked
+                conn,
+                cadence=cadence,
+                period=period,
+                batch_size=batch_size,
+                actor=actor,
+                runner=runner,
+                picked=picked,
             )
         except _RETRIED as e:
             retries += 1
             if retries > _RETRIES:
                 raise
-            log.warning("monthly reset %s: batch rolled back (%s); retrying", period, type(e).__name__)
+            log.warning("%s %s: batch rolled back (%s); retrying", cadence.name, period, type(e).__name__)
             continue
         if step.status == "busy":
             return outcome("lock_busy")
@@ -262,7 +322,7 @@ def reset_month(
         reset_rows += step.reset_rows
         batches += 1
         if batches % 100 == 0:
-            log.info("monthly reset %s: %d counters reset so far", period, counters)
+            log.info("%s %s: %d counters reset so far", cadence.name, period, counters)
         sleep = pace(time.monotonic() - began, step.counters, duty=duty, min_rate=min_rate) + pause
         if sleep > 0:
             time.sleep(sleep)
@@ -285,10 +345,16 @@ def pace(took: float, counters: int, *, duty: float, min_rate: float) -> float:
     return max(0.0, min(yielding, floor))
 
 
-def reset_status(conn: Connection, *, period: str) -> dict[str, object] | None:
+def reset_day(conn: Connection, *, day: str | None = None, **options: Any) -> ResetOutcome:
+    """The daily reset: reset_month over the counters of daily consumables, into `day` (YYYY-MM-DD,
+    default the UTC day of `at`, default now)."""
+    return reset_month(conn, period=day, cadence=DAILY, **options)
+
+
+def reset_status(conn: Connection, *, period: str, cadence: Cadence = MONTHLY) -> dict[str, object] | None:
     """The run row of `period`, or None if no run was recorded."""
     with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(Q.job_run_get, {"job": JOB, "period": period}).fetchone()
+        return cur.execute(Q.job_run_get, {"job": cadence.job, "period": period}).fetchone()
 
 
 def catch_up(
@@ -299,19 +365,29 @@ def catch_up(
     pause: float = 0.0,
     duty: float = DEFAULT_DUTY,
     min_rate: float = DEFAULT_MIN_RATE,
+    cadence: Cadence = MONTHLY,
 ) -> ResetOutcome:
     """The hourly tick: run the reset of the clock's current period unless its run is done.
     Covers a missed 00:05 run (worker or beat down, lost schedule file, lost queued message) and
-    resumes a run that was killed midway. A no-op read once the period is done."""
-    period = target_period(at=at)
-    run = reset_status(conn, period=period)
+    resumes a run that was killed midway. A no-op read once the period is done. A day missed whole
+    needs no run of its own: the next day's run opens every counter still in an earlier day."""
+    period = target_period(at=at, cadence=cadence)
+    run = reset_status(conn, period=period, cadence=cadence)
     if run is not None and run["status"] == "done":
         return ResetOutcome(
             status="already_done",
             period=period,
+            job=cadence.name,
             run_counters_reset=int(run["counters_reset"]),  # type: ignore[call-overload]
             run_reset_rows=int(run["reset_rows"]),  # type: ignore[call-overload]
         )
     return reset_month(
-        conn, period=period, at=at, batch_size=batch_size, pause=pause, duty=duty, min_rate=min_rate
+        conn,
+        period=period,
+        at=at,
+        batch_size=batch_size,
+        pause=pause,
+        duty=duty,
+        min_rate=min_rate,
+        cadence=cadence,
     )

@@ -1,4 +1,6 @@
--- The monthly reset (service/quota/reset.py): job runs once per period, batches of counters.
+-- The monthly and daily resets (service/quota/reset.py): a job runs once per period (a month or a
+-- day), in batches of counters. Each touches the counters of its own kind only: a month's are the
+-- periods of its length (service/quota/periods.py).
 
 -- name: job_run_claim
 -- The (job, period) run row, created on first use. The CTE's insert is invisible to the second
@@ -51,7 +53,7 @@ RETURNING counters_reset, reset_rows, batches, started_at, finished_at
 WITH picked AS (
     SELECT period, account_id, metric
       FROM quotas
-     WHERE period < %(period)s AND NOT account_deleted
+     WHERE period < %(period)s AND char_length(period) = char_length(%(period)s) AND NOT account_deleted
        AND (period, account_id, metric) > (%(cursor_period)s, %(cursor_account)s, %(cursor_metric)s)
      ORDER BY period, account_id, metric
      LIMIT %(pick_size)s
@@ -90,4 +92,6 @@ SELECT analyze_after_bulk_write()
 -- name: reset_pending
 -- Is any live counter still in an earlier period? Checked from the start of the index before a run
 -- is marked done, so a counter the cursor passed over (or created behind it) is not missed.
-SELECT EXISTS (SELECT 1 FROM quotas WHERE period < %(period)s AND NOT account_deleted) AS pending
+SELECT EXISTS (SELECT 1 FROM quotas
+                WHERE period < %(period)s AND char_length(period) = char_length(%(period)s)
+                  AND NOT account_deleted) AS pending

@@ -12,6 +12,7 @@ from service.db import Connection, Q
 from service.errors import (
     AccountDeleted,
     IdempotencyKeyReused,
+    MetricKindChanged,
     QuotaExhausted,
     UnknownAccount,
     UnknownTake,
@@ -32,13 +33,18 @@ class Take:
     units: int
     used: int
     limit: int | None
-    period: str
+    counter_period: str  # periods.HELD for an allocation's take
     limit_source: str
     replayed: bool = False
 
     @property
     def remaining(self) -> int | None:
         return None if self.limit is None else max(self.limit - self.used, 0)
+
+    @property
+    def period(self) -> str | None:
+        """The period the take counts in; None for an allocation's."""
+        return periods.shown(self.counter_period)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,7 +59,7 @@ class Release:
     units: int = 0
     used: int | None = None
     limit: int | None = None
-    period: str | None = None
+    counter_period: str | None = None
     limit_source: str | None = None
     release_id: int | None = None
 
@@ -62,6 +68,10 @@ class Release:
         if self.limit is None or self.used is None:
             return None
         return max(self.limit - self.used, 0)
+
+    @property
+    def period(self) -> str | None:
+        return None if self.counter_period is None else periods.shown(self.counter_period)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,7 +123,7 @@ def take(
         account_id=account_id,
         metric=metric,
         units=units,
-        period=period or periods.current_period(),
+        period=period or plans.period(metric),
         idempotency_key=idempotency_key,
         actor=actor,
     )
@@ -127,9 +137,11 @@ def take(
         counter = _refusal(conn, attempt)
         if counter.period is None:
             _create_counter(conn, plans, attempt)
+        elif not periods.same_kind(counter.period, attempt.period):
+            _change_kind(conn, attempt, counter)
         elif counter.period < attempt.period:
             roll_over(conn, account_id=attempt.account_id, metric=attempt.metric, period=attempt.period)
-        elif counter.period > attempt.period:  # another server's clock already opened the next month
+        elif counter.period > attempt.period:  # another server's clock already opened the next period
             attempt = replace(attempt, period=counter.period)
     # the counter kept changing (releases racing the diagnosis): refuse with the last state seen
     raise _exhausted(attempt, counter, "the counter kept changing during the take; retry")
@@ -200,15 +212,31 @@ def _refusal(conn: Connection, attempt: _Attempt) -> _Counter:
     return counter
 
 
+def _change_kind(conn: Connection, attempt: _Attempt, counter: _Counter) -> None:
+    """The counter is in a period of another kind than its metric's in the plan config now (month,
+    day, held): moved to the metric's period if it holds nothing, else MetricKindChanged (moving it
+    would clear or carry usage counted the old way; `convert-metric` does that knowingly)."""
+    if counter.used:
+        raise MetricKindChanged(
+            f"{attempt.metric}: the counter holds {counter.used} counted in period {counter.period}, "
+            f"but the plan config now counts this metric in periods like {attempt.period}; run "
+            f"`quota-ledger convert-metric {attempt.metric}`"
+        )
+    roll_over(conn, account_id=attempt.account_id, metric=attempt.metric, period=attempt.period)
+
+
 def _create_counter(conn: Connection, plans: PlanConfig, attempt: _Attempt) -> None:
     """The account has no counter for this metric yet (created lazily, with its plan's limits)."""
     ensure_quotas(conn, plans, account_id=attempt.account_id, period=attempt.period)
 
 
-def roll_over(conn: Connection, *, account_id: str, metric: str, period: str) -> None:
-    """Open `period` on a counter still in an earlier month: from zero, with the reset row of what
-    it cleared (none if it held nothing). A counter already in `period` is left alone."""
-    params = {"account_id": account_id, "metric": metric, "period": period, "actor": ROLLOVER_ACTOR}
+def roll_over(
+    conn: Connection, *, account_id: str, metric: str, period: str, actor: str = ROLLOVER_ACTOR
+) -> None:
+    """Open `period` on a counter still in an earlier period (or in a period of another kind): from
+    zero, with the reset row of what it cleared (none if it held nothing). A counter already in
+    `period`, or in a later one, is left alone."""
+    params = {"account_id": account_id, "metric": metric, "period": period, "actor": actor}
     conn.execute(Q.roll_over, params)
 
 
@@ -219,7 +247,7 @@ def _exhausted(attempt: _Attempt, counter: _Counter, message: str) -> QuotaExhau
         used=used,
         limit=limit,
         remaining=None if limit is None else max(limit - used, 0),
-        period=attempt.period,
+        period=periods.shown(attempt.period),
         limit_source=counter.limit_source,
     )
 
@@ -227,11 +255,13 @@ def _exhausted(attempt: _Attempt, counter: _Counter, message: str) -> QuotaExhau
 def release(
     conn: Connection, *, take_id: int, actor: str, period: str | None = None, account_id: str | None = None
 ) -> Release:
-    """Give back a take's units, once. A take from a closed period or already released moves
+    """Give back a take's units, once. A take from a closed period (an allocation's never closes) or
+    already released moves
     nothing and says why; an unknown take (or one of another account than `account_id`) raises
     UnknownTake. Naming the account keeps a release on its shard under Citus; without it, the
-    take's account is looked up first."""
-    period = period or periods.current_period()
+    take's account is looked up first. `period` is the day of the release (default: today, UTC) or
+    a month: a take of that day or month, or an allocation's, is given back."""
+    period = period or periods.day_of(periods.now())
     if account_id is None:
         found = conn.execute(Q.take_account, {"take_id": take_id}).fetchone()
         if found is None:
@@ -251,4 +281,6 @@ def release(
         raise UnknownTake(f"unknown take {take_id}")
     if why["released"]:
         return Release(released=False, take_id=take_id, reason="already_released")
-    return Release(released=False, take_id=take_id, reason="period_closed", period=why["period"])
+    return Release(
+        released=False, take_id=take_id, reason="period_closed", counter_period=why["counter_period"]
+    )

@@ -5,8 +5,9 @@
 -- The hot path, one statement: ledger_take (migrations/repeatable/ledger_writers.sql) moves the
 -- counter and writes its ledger row, or matches nothing (no row back). A duplicate idempotency key
 -- raises a unique violation, which rolls the counter back too.
-SELECT * FROM ledger_take(%(account_id)s::text, %(metric)s::text, %(units)s::bigint, %(period)s::text,
-                          %(idempotency_key)s::text, %(actor)s::text)
+SELECT take_id, metric, units, used, "limit", period AS counter_period, limit_source
+  FROM ledger_take(%(account_id)s::text, %(metric)s::text, %(units)s::bigint, %(period)s::text,
+                   %(idempotency_key)s::text, %(actor)s::text)
 
 -- name: take_refusal
 -- Why did `take` match nothing? Read after the fact; the caller retries where the answer allows.
@@ -16,7 +17,7 @@ SELECT a.deleted, q.period, q.used, q.lim AS "limit", q.limit_source
  WHERE a.id = %(account_id)s
 
 -- name: take_by_key
-SELECT id AS take_id, metric, units, used_after AS used, lim AS "limit", period, limit_source
+SELECT id AS take_id, metric, units, used_after AS used, lim AS "limit", period AS counter_period, limit_source
   FROM ledger
  WHERE account_id = %(account_id)s AND kind = 'take' AND idempotency_key = %(idempotency_key)s
 
@@ -29,10 +30,12 @@ SELECT ledger_roll_over(%(account_id)s::text, %(metric)s::text, %(period)s::text
 -- Gives a take's units back, once, in the take's own period only (ledger_release,
 -- migrations/repeatable/ledger_writers.sql). Named by account and take, so that Citus routes it to
 -- one shard (take_account finds the account of a take named alone).
-SELECT * FROM ledger_release(%(account_id)s::text, %(take_id)s::bigint, %(period)s::text, %(actor)s::text)
+SELECT released, take_id, account_id, metric, units, used, "limit", period AS counter_period, limit_source,
+       release_id
+  FROM ledger_release(%(account_id)s::text, %(take_id)s::bigint, %(period)s::text, %(actor)s::text)
 
 -- name: release_refusal
-SELECT t.account_id, t.period,
+SELECT t.account_id, t.period AS counter_period,
        EXISTS (SELECT 1 FROM ledger r
                 WHERE r.account_id = %(account_id)s AND r.kind = 'release' AND r.take_id = t.id) AS released
   FROM ledger t
@@ -47,8 +50,9 @@ SELECT account_id FROM ledger WHERE id = %(take_id)s AND kind = 'take'
 -- The take as one call of take_delegated (migrations/repeatable/take_delegated.sql), which Citus
 -- delegates to the account's node; the service uses it on a Citus cluster only. A refused take
 -- returns one row of NULLs.
-SELECT * FROM take_delegated(%(account_id)s::text, %(metric)s::text, %(units)s::bigint, %(period)s::text,
-                             %(idempotency_key)s::text, %(actor)s::text)
+SELECT take_id, metric, units, used, "limit", period AS counter_period, limit_source
+  FROM take_delegated(%(account_id)s::text, %(metric)s::text, %(units)s::bigint, %(period)s::text,
+                      %(idempotency_key)s::text, %(actor)s::text)
 
 -- name: on_citus
 -- Whether this database is a Citus cluster: asked once per database by the service.

@@ -6,17 +6,17 @@ from psycopg.rows import dict_row
 
 from service.db import Connection, Q
 from service.plans import PlanConfig
-from service.quota import periods
 from service.quota.accounts import find_account, require_metric
 
 
 def usage(
     conn: Connection, plans: PlanConfig, *, account_id: str, metric: str, period: str | None = None
 ) -> int:
-    """Units used in `period` (default: the current one). A period with no usage is 0. An unknown
-    metric raises UnknownMetric, as a take of it would."""
+    """Units used in `period` (default: the metric's current one: this month, today, or HELD for an
+    allocation, whose usage is what is held now). A period with no usage is 0. An unknown metric
+    raises UnknownMetric, as a take of it would. `period` is of the metric's kind (the caller checks)."""
     require_metric(plans, metric)
-    current = periods.current_period()
+    current = plans.period(metric)
     period = period or current
     find_account(conn, account_id=account_id)  # UnknownAccount
     params = {"account_id": account_id, "metric": metric, "period": period}

@@ -35,12 +35,15 @@ def test_get_shows_effective_limits_and_usage_without_override_values(client, ke
 
     assert r.status_code == 200
     limits = r.json["limits"]
-    assert set(limits) == {"api_calls", "seats", "urls"}
+    assert set(limits) == {"api_calls", "exports", "seats", "urls"}
     assert limits["urls"] == {
+        "kind": "consumable",
+        "reset": "month",
         "limit": 50,
         "limit_source": "plan",
         "used": 3,
         "remaining": 47,
+        "over_limit": False,
         "period": PERIOD,
         "resets_at": periods.resets_at(PERIOD),
     }

@@ -114,7 +114,7 @@ def test_openapi_documents_every_route(app, client):
     assert doc["paths"]["/v1/ledger.csv"]["get"]["responses"]["200"]["content"].keys() == {"text/csv"}
     usage = doc["paths"]["/v1/accounts/{id}/usage"]
     assert {p["name"]: p["in"] for p in usage["get"]["parameters"]} == {"metric": "query", "period": "query"}
-    assert usage["get"]["parameters"][0]["schema"]["enum"] == ["api_calls", "seats", "urls"]
+    assert usage["get"]["parameters"][0]["schema"]["enum"] == ["api_calls", "exports", "seats", "urls"]
     assert usage["parameters"][0]["schema"]["pattern"] == "^[A-Za-z0-9._:@-]{1,128}$"
     assert doc["paths"]["/webhooks/revenuecat"]["post"]["security"] == [{"revenuecatAuthorization": []}]
 

@@ -34,6 +34,11 @@ class Whole(validate.Regexp):
 
 ACCOUNT_ID = Whole(ACCOUNT_ID_PATTERN, error=ACCOUNT_ID_RULE)
 PERIOD = Whole(periods.PERIOD_RE, error="a calendar month, YYYY-MM")
+USAGE_PERIOD = Whole(periods.MONTH_OR_DAY_RE, error="a calendar month YYYY-MM, or a day YYYY-MM-DD")
+LEDGER_PERIOD = Whole(
+    periods.LEDGER_PERIOD_RE,
+    error="a calendar month YYYY-MM (with its days), a day YYYY-MM-DD, or held (allocations)",
+)
 CURSOR = Whole(r"^[0-9]{1,18}$", error="a cursor from next_cursor")
 
 

@@ -6,7 +6,17 @@ from __future__ import annotations
 from marshmallow import INCLUDE, Schema, fields, validate
 
 from service.http.inbound import MAX_BIGINT
-from service.http.schemas.fields import ACCOUNT_ID, CURSOR, MAX_UNITS, PERIOD, Metric, StrictInt, Text, one_of
+from service.http.schemas.fields import (
+    ACCOUNT_ID,
+    CURSOR,
+    LEDGER_PERIOD,
+    MAX_UNITS,
+    USAGE_PERIOD,
+    Metric,
+    StrictInt,
+    Text,
+    one_of,
+)
 from service.vocabulary import AccountKind, InboxStatus, LedgerKind, Provider
 
 
@@ -36,7 +46,13 @@ class ResetRequest(Schema):
 
 class UsageQuery(Schema):
     metric = Metric(required=True)
-    period = fields.String(validate=PERIOD, metadata={"description": "default: the current month"})
+    period = fields.String(
+        validate=USAGE_PERIOD,
+        metadata={
+            "description": "a period of the metric's kind: a month, or a day for a metric reset daily; "
+            "default: the current one. An allocation has none (omit it): its usage is what is held now."
+        },
+    )
 
 
 class PageQuery(Schema):
@@ -48,7 +64,7 @@ class LedgerQuery(PageQuery):
     account_id = fields.String(validate=ACCOUNT_ID)
     # Any name, not only the plan config's: the ledger keeps rows of metrics the config has dropped.
     metric = Text(validate=validate.Length(min=1, max=64))
-    period = fields.String(validate=PERIOD)
+    period = fields.String(validate=LEDGER_PERIOD)
     kind = fields.String(validate=one_of(LedgerKind))
 
 
@@ -62,7 +78,7 @@ class EventsQuery(PageQuery):
 
 
 class PeriodQuery(Schema):
-    period = fields.String(required=True, validate=PERIOD)
+    period = fields.String(required=True, validate=LEDGER_PERIOD)
 
 
 # Webhook bodies. The adapters (service/webhooks/) read these, not marshmallow: a provider's event is

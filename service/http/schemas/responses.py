@@ -14,8 +14,10 @@ from service.vocabulary import (
     InboxStatus,
     LedgerKind,
     LimitSource,
+    MetricKind,
     Provider,
     ReleaseReason,
+    ResetInterval,
     SubscriptionStatus,
 )
 
@@ -59,7 +61,10 @@ class Counter(Flat):
     limit_source = fields.String(validate=one_of(LimitSource))
     used = fields.Integer()
     remaining = fields.Integer(allow_none=True)
-    period = fields.String()
+    period = fields.String(
+        allow_none=True,
+        metadata={"description": "a month, or a day for a daily metric; null for an allocation"},
+    )
 
 
 class Error(Schema):
@@ -83,7 +88,14 @@ class Conflict(Error, Counter):
 
 
 class MetricLimit(Counter):
-    resets_at = fields.String()
+    kind = fields.String(validate=one_of(MetricKind))
+    reset = fields.String(
+        allow_none=True, validate=one_of(ResetInterval), metadata={"description": "null for an allocation"}
+    )
+    resets_at = fields.String(allow_none=True, metadata={"description": "null for an allocation"})
+    over_limit = fields.Boolean(
+        metadata={"description": "used is above the limit (a downgrade, a lower override): takes are refused"}
+    )
 
 
 class OverrideValue(Schema):
@@ -131,7 +143,7 @@ class ReleaseResponse(TakeResponse):
 
 class UsageResponse(Flat):
     metric = fields.String()
-    period = fields.String()
+    period = fields.String(allow_none=True, metadata={"description": "null for an allocation: held now"})
     used = fields.Integer()
 
 
@@ -223,6 +235,7 @@ class EventsPage(Page):
 class Mismatch(Schema):
     account_id = fields.String()
     metric = fields.String()
+    period = fields.String(metadata={"description": "the counter's: the month, one of its days, or held"})
     counter_used = fields.Integer(allow_none=True)
     ledger_used = fields.Integer()
     last_used_after = fields.Integer(allow_none=True)
