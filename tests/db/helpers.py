@@ -11,6 +11,7 @@ from psycopg.rows import dict_row
 
 from service.plans import PlanConfig
 from service.quota import accounts
+from service.vocabulary import ResetInterval
 
 Conn = psycopg.Connection[Any]
 
@@ -20,6 +21,12 @@ def new_account(conn: Conn, plans: PlanConfig, account_id: str | None = None, *,
     account_id = account_id or f"acc-{uuid.uuid4().hex[:12]}"
     assert accounts.upsert_account(conn, plans, account_id=account_id, kind=kind) is True
     return account_id
+
+
+def monthly_metrics(plans: PlanConfig) -> list[str]:
+    """The metrics counted by the calendar month (tests/plans.toml also has a daily one and seats,
+    an allocation): the ones tests of the monthly reset and rollover move between months."""
+    return [m for m in plans.metrics if plans.metric(m).reset == ResetInterval.MONTH]
 
 
 def set_override(conn: Conn, account_id: str, metric: str, limit: int | None) -> None:

@@ -39,7 +39,7 @@ def _workload(conn: Any, plans: Any) -> list[str]:
         t = takes.take(
             conn, plans, account_id=a, metric="urls", units=2, idempotency_key=f"k,={a}", actor="t"
         )
-        takes.take(conn, plans, account_id=a, metric="seats", actor="t")
+        takes.take(conn, plans, account_id=a, metric="api_calls", actor="t")
         takes.release(conn, take_id=t.take_id, actor="t")
     return accounts
 

@@ -181,7 +181,7 @@ def test_each_audited_change_writes_exactly_its_row_as_the_service_s_role(
         apply.set_tier(app, plans, apply.lock_accounts(app, [account]), actor="webhook")
     changed = _audited(conn, seen)
     assert {(a, actor, m) for a, actor, _, m, _, _ in changed} == {
-        ("plan_limit_changed", "webhook", m) for m in ("urls", "seats", "api_calls")
+        ("plan_limit_changed", "webhook", m) for m in plans.metrics
     }
     assert conn.execute(
         "SELECT plan_limit FROM quotas WHERE account_id = %s AND metric = %s", (account, METRIC)

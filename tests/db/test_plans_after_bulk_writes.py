@@ -38,8 +38,7 @@ def seed(conn: psycopg.Connection[Any]) -> None:
     )
     conn.execute(
         "INSERT INTO quotas (account_id, metric, plan_limit, free_limit, period, used) "
-        "SELECT a.id, m, NULL, NULL, %s, 0 FROM accounts a,"
-        " unnest(ARRAY['api_calls', 'exports', 'seats', 'urls']) m",
+        "SELECT a.id, m, NULL, NULL, %s, 0 FROM accounts a, unnest(ARRAY['api_calls', 'seats', 'urls']) m",
         (P0,),
     )
     conn.execute(

@@ -25,7 +25,9 @@ from service.plans import PlanConfig
 from service.quota import overrides, periods, takes
 from tests.db.helpers import counter, ledger_rows, ledger_used, new_account, set_plan
 
-METRICS = ("seats", "urls")  # free plan: seats 1, urls 50; pro: seats 5, urls 500
+# Monthly metrics (the rollover moves them between months): free plan urls 50; pro urls 500, api_calls
+# unlimited; an override of 1 on api_calls makes exhaustion as likely as seats' limit of 1 used to.
+METRICS = ("api_calls", "urls")
 KEYS = st.none() | st.sampled_from([f"key-{i}" for i in range(4)])
 UNSET = object()
 # The model's own copy of the lapse rule (DESIGN: these statuses keep a paid plan's limits), so that

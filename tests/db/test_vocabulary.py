@@ -29,8 +29,8 @@ SQL_ONLY = {"job_runs.status"}  # the monthly reset's run bookkeeping (running, 
 PATTERNS = {
     "account_key": v.ACCOUNT_ID_PATTERN,
     "accounts.id": v.ACCOUNT_ID_PATTERN,  # on Citus, where accounts.id leaves the domain
-    "quota_period": periods.PERIOD_RE.pattern,
-    "job_runs.period": periods.PERIOD_RE.pattern,
+    "quota_period": periods.MONTH_OR_DAY_RE.pattern,  # or HELD (checked below)
+    "job_runs.period": periods.MONTH_OR_DAY_RE.pattern,
     "api_keys.name": r"^[A-Za-z0-9._:@-]{1,64}$",  # a key's name: the database's rule alone
 }
 
@@ -54,7 +54,7 @@ def _checks(conn: Any) -> tuple[dict[str, set[str]], dict[str, str]]:
     for name, definition in conn.execute(CHECKS).fetchall():
         if "= ANY (ARRAY[" in definition:
             words[name] = set(re.findall(r"'([^']*)'::text", definition))
-        elif match := re.search(r" ~ '(.*)'::text", definition):
+        elif match := re.search(r" ~ '(.*?)'::text", definition):
             pattern = match[1]
             if (bound := re.search(r"octet_length\(.*\) <= (\d+)\)", definition)) and pattern.endswith("]+$"):
                 pattern = pattern[: -len("+$")] + f"{{1,{bound[1]}}}$"
@@ -79,6 +79,8 @@ def test_every_pattern_of_the_database_is_the_codes(conn: Any) -> None:
     for name, pattern in patterns.items():
         assert pattern == PATTERNS[name], name
     assert "account_key" in patterns or "accounts.id" in patterns
+    held = [d for n, d in conn.execute(CHECKS).fetchall() if n == "quota_period"]
+    assert all(f"(VALUE = '{periods.HELD}'::text)" in d for d in held), held
 
 
 def test_the_limit_sources_are_the_ones_the_quotas_table_computes(conn: Any) -> None:

@@ -205,25 +205,27 @@ def test_a_plan_change_counts_and_audits_each_limit_it_changes(client, keys, acc
             (account,),
         ).fetchall()
 
-    assert set_plan(conn, plans, account_id=account, plan="pro", status="active", actor="t") == 3
+    assert set_plan(conn, plans, account_id=account, plan="pro", status="active", actor="t") == 4
     assert [(m, o["plan_limit"], n["plan_limit"]) for m, o, n in audit_rows()] == [
         ("api_calls", 1000, None),
+        ("exports", 3, 50),
         ("seats", 1, 5),
         ("urls", 50, 500),
     ]
     # the same plan again: no audit row
     assert set_plan(conn, plans, account_id=account, plan="pro", status="active", actor="t") == 0
-    assert len(audit_rows()) == 3
+    assert len(audit_rows()) == 4
     # only a lapse (the values stay, the free fallback switches): audited too, as plan sync audits it
     # (one definition, quota_set_plan_limits), with the lapsed flag in old and new
-    assert set_plan(conn, plans, account_id=account, plan="pro", status="canceled", actor="t") == 3
-    lapse = audit_rows()[3:]
+    assert set_plan(conn, plans, account_id=account, plan="pro", status="canceled", actor="t") == 4
+    lapse = audit_rows()[4:]
     assert [(m, o["lapsed"], n["lapsed"], o["plan_limit"] == n["plan_limit"]) for m, o, n in lapse] == [
         ("api_calls", False, True, True),
+        ("exports", False, True, True),
         ("seats", False, True, True),
         ("urls", False, True, True),
     ]
     assert _limit(client, keys, account)["limit_source"] == "free_fallback"
     # a plan the config does not know gets the free plan's limits
-    assert set_plan(conn, plans, account_id=account, plan="gone", status="active", actor="t") == 3
+    assert set_plan(conn, plans, account_id=account, plan="gone", status="active", actor="t") == 4
     assert _limit(client, keys, account)["limit"] == 50

@@ -113,7 +113,14 @@ def test_reconciliation_finds_nothing_then_catches_a_tampered_counter(client, ke
     conn.execute("UPDATE quotas SET used = used + 1 WHERE account_id = 'acc_f' AND metric = 'urls'")
     r = client.get("/v1/reconciliation", query_string={"period": PERIOD}, headers=keys["finance"])
     assert r.json["mismatches"] == [
-        {"account_id": "acc_f", "metric": "urls", "counter_used": 7, "ledger_used": 6, "last_used_after": 6}
+        {
+            "account_id": "acc_f",
+            "metric": "urls",
+            "period": PERIOD,
+            "counter_used": 7,
+            "ledger_used": 6,
+            "last_used_after": 6,
+        }
     ]
 
 

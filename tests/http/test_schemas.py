@@ -39,9 +39,15 @@ def test_short_dump_matches_marshmallow(name: str) -> None:
 
 
 def test_domain_results_dump_the_same() -> None:
-    take = Take(take_id=9, metric="urls", units=2, used=5, limit=None, period="2026-11", limit_source="plan")
-    capped = Take(take_id=9, metric="urls", units=2, used=5, limit=3, period="2026-11", limit_source="plan")
-    released = Release(released=True, take_id=9, metric="urls", units=2, used=3, limit=10, period="2026-11")
+    take = Take(
+        take_id=9, metric="urls", units=2, used=5, limit=None, counter_period="2026-11", limit_source="plan"
+    )
+    capped = Take(
+        take_id=9, metric="urls", units=2, used=5, limit=3, counter_period="2026-11", limit_source="plan"
+    )
+    released = Release(
+        released=True, take_id=9, metric="urls", units=2, used=3, limit=10, counter_period="2026-11"
+    )
     refused = Release(released=False, take_id=9, reason="already_released")
     for schema, obj in ((s.TAKE, take), (s.TAKE, capped), (s.RELEASED, released), (s.NOT_RELEASED, refused)):
         assert schema.dump(obj) == Schema.dump(schema, obj)

@@ -54,7 +54,7 @@ def test_ten_copies_of_one_delivery(app: Any, client: Any, keys: Any, conn: Any,
     # one state change: one subscription row, one set of limit changes (urls, api_calls, seats)
     assert conn.execute("SELECT count(*) FROM subscriptions").fetchone() == (1,)
     audit = conn.execute("SELECT count(*), count(DISTINCT actor) FROM audit_log WHERE actor LIKE 'webhook:%'")
-    assert audit.fetchone() == (3, 1)
+    assert audit.fetchone() == (4, 1)
     assert state(client, keys, acc) == ("pro", "active", 500, "plan")
 
 

@@ -27,6 +27,7 @@ from service.quota import periods
 from service.quota.accounts import upsert_account
 from service.quota.takes import take
 from tests.conftest import PLANS_FILE
+from tests.db.helpers import monthly_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER_REDIS_DB = 7
@@ -66,13 +67,13 @@ def at_iso(at: datetime = AT) -> str:
 def seed(
     conn: psycopg.Connection[Any], plans: PlanConfig, *, accounts: int, prefix: str = "acc"
 ) -> dict[tuple[str, str], int]:
-    """`accounts` accounts; about two counters in three hold usage in P0. Returns
-    {(account, metric): used}."""
+    """`accounts` accounts; about two counters of a monthly metric in three hold usage in P0.
+    Returns {(account, metric): used} of the monthly metrics' counters, the monthly reset's."""
     used: dict[tuple[str, str], int] = {}
     for i in range(accounts):
         account_id = f"{prefix}{i:04d}"
         upsert_account(conn, plans, account_id=account_id, kind="user")
-        for j, metric in enumerate(plans.metrics):
+        for j, metric in enumerate(monthly_metrics(plans)):
             units = min((i + j) % 3, plans.limit(plans.free_plan, metric) or 2)  # 0, 1 or 2
             if units:
                 take(conn, plans, account_id=account_id, metric=metric, units=units, actor="test", period=P0)

@@ -76,6 +76,7 @@ def test_beat_schedule() -> None:
     tasks = {entry["task"] for entry in BEAT_SCHEDULE.values()}
     assert tasks == {
         "quota.monthly_reset",
+        "quota.daily_reset",
         "quota.reset_catch_up",
         "quota.plan_sync",
         "billing.purge_inbox",
@@ -91,6 +92,8 @@ def test_beat_schedule() -> None:
         datetime(2026, 11, 1, 0, 5, tzinfo=UTC),
         datetime(2026, 12, 1, 0, 5, tzinfo=UTC),
     ]
+    daily = fires(BEAT_SCHEDULE["daily-reset"]["schedule"], start, 72)
+    assert [(t.hour, t.minute) for t in daily] == [(0, 1)] * 3  # every day at 00:01 UTC
     tick = BEAT_SCHEDULE["reset-catch-up"]["schedule"]
     assert len(fires(tick, start, 24)) == 24  # hourly
     assert len(fires(BEAT_SCHEDULE["plan-sync"]["schedule"], start, 72)) == 3  # daily
@@ -104,6 +107,7 @@ def test_registered_tasks() -> None:
     app.loader.import_default_modules()
     assert {
         "quota.monthly_reset",
+        "quota.daily_reset",
         "quota.reset_catch_up",
         "quota.plan_sync",
         "billing.expire_access",

@@ -84,8 +84,8 @@ def test_reset_task_through_redis_worker(
     # the other tasks run on the same worker too (each a no-op here)
     worker.send("quota.plan_sync")
     worker.send("quota.reset_catch_up", at=at_iso())
-    # acc0002 was moved to pro behind the config's back: the sync brings its 3 limits in line
-    wait_for("the plan sync", lambda: "plan sync: 11 accounts checked, changed 3 limits" in worker.output())
+    # acc0002 was moved to pro behind the config's back: the sync brings its 4 limits in line
+    wait_for("the plan sync", lambda: "plan sync: 11 accounts checked, changed 4 limits" in worker.output())
     wait_for("the tick", lambda: f"monthly reset {P1}: already done" in worker.output())
 
 
@@ -224,7 +224,7 @@ def test_take_in_new_period_before_the_reset_reached_it_keeps_its_units(
     wait_for("the reset to start", lambda: (r := run_row(conn)) and r["batches"] >= 1)
     early = take(conn, plans, account_id=last[0], metric=last[1], units=4, actor="test", period=P1)
     # a take on a counter the job already opened is an ordinary take
-    first = ("acc0000", "seats")
+    first = ("acc0000", "api_calls")
     job.join(timeout=60)
     late = take(conn, plans, account_id=first[0], metric=first[1], units=1, actor="test", period=P1)
 
