@@ -207,7 +207,7 @@ def _kinds(raw: Any, metrics: tuple[str, ...]) -> dict[str, Metric]:
         if name not in metrics:
             raise PlanConfigError(f"{key}: no plan lists this metric in its limits")
         if not isinstance(body, dict):
-            raise PlanConfigError(f"{key}: expected a table such as {{ kind = \"allocation\" }}")
+            raise PlanConfigError(f'{key}: expected a table such as {{ kind = "allocation" }}')
         unknown = set(body) - {"kind", "reset"}
         if unknown:
             raise PlanConfigError(f"{key}: unknown keys {sorted(unknown)}")
