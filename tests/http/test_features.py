@@ -5,10 +5,10 @@ custom_domains; business those and sso."""
 
 from __future__ import annotations
 
-from service.quota import reset
+from service.quota import periods, reset
 from service.quota.plan_sync import sync_plans
 from tests.db.helpers import set_plan, soft_delete
-from tests.http.conftest import assert_error
+from tests.http.conftest import assert_error, take
 
 FEATURES = ["api_access", "custom_domains", "export_csv", "sso"]
 
@@ -36,7 +36,9 @@ def _delete(client, keys, account, feature):
 
 
 def _check(client, keys, account, feature):
-    r = client.get(f"/v1/accounts/{account}/check", query_string={"feature": feature}, headers=keys["product"])
+    r = client.get(
+        f"/v1/accounts/{account}/check", query_string={"feature": feature}, headers=keys["product"]
+    )
     assert r.status_code == 200, r.json
     return r.json
 
@@ -58,7 +60,9 @@ def test_the_account_view_lists_every_feature_with_its_source(client, keys, acco
     assert admin["sso"] == {"enabled": False, "source": "plan", "override": None}
 
 
-def test_features_follow_the_plan_and_a_lapse_falls_back_to_the_free_plans(client, keys, account, conn, plans):
+def test_features_follow_the_plan_and_a_lapse_falls_back_to_the_free_plans(
+    client, keys, account, conn, plans
+):
     set_plan(conn, plans, account_id=account, plan="pro", status="active", actor="t")
     assert _on(client, keys, account) == {"api_access": "plan", "custom_domains": "plan"}
     assert _check(client, keys, account, "custom_domains") == {
@@ -77,7 +81,9 @@ def test_features_follow_the_plan_and_a_lapse_falls_back_to_the_free_plans(clien
 
 
 def test_a_plan_the_config_does_not_know_has_the_free_plans_features(client, keys, account, conn):
-    conn.execute("UPDATE accounts SET plan = 'retired', subscription_status = 'active' WHERE id = %s", (account,))
+    conn.execute(
+        "UPDATE accounts SET plan = 'retired', subscription_status = 'active' WHERE id = %s", (account,)
+    )
     assert _on(client, keys, account) == {"export_csv": "plan"}
 
 
@@ -137,9 +143,11 @@ def test_an_override_survives_a_reset_and_a_plan_sync(client, keys, account, con
     set_plan(conn, plans, account_id=account, plan="basic", status="active", actor="t")
     _put(client, keys, account, "sso", True)
     _put(client, keys, account, "api_access", False)
+    take(client, keys, account, units=3)
     before = _features(client, keys, account, role="admin")
 
-    reset.reset_month(conn, at=reset.periods.period_start(reset.target_period()))
+    next_month = periods.period_start(periods.next_period(periods.current_period()))
+    assert reset.reset_month(conn, at=next_month).counters_reset >= 1
     sync_plans(conn, plans)
     assert _features(client, keys, account, role="admin") == before
     assert _on(client, keys, account) == {"sso": "override"}
