@@ -90,7 +90,7 @@ def get_check(id: str) -> Response:
         200:
           description: "a MetricCheck for `metric`, a FeatureCheck for `feature`. Only a take enforces a
             limit: a check can be outdated by the time its caller acts."
-          content: {application/json: {schema: {oneOf: [MetricCheck, FeatureCheck]}}}
+          content: {application/json: {schema: {anyOf: [MetricCheck, FeatureCheck]}}}
     """
     args = query_args(rq.CHECK_QUERY)
     rt = runtime()

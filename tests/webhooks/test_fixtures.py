@@ -9,8 +9,8 @@ import pytest
 
 from tests.webhooks.helpers import (
     CUSTOMER,
-    account,
     STRIPE_ACCOUNT,
+    account,
     create_account,
     fixture,
     inbox,

@@ -52,7 +52,7 @@ class CheckQuery(Schema):
 
     metric = Metric()
     units = fields.Integer(
-        validate=validate.Range(min=1, max=MAX_UNITS), metadata={"description": "default 1"}
+        validate=validate.Range(min=1, max=MAX_UNITS), metadata={"description": "with metric; default 1"}
     )
     feature = Feature()
 
