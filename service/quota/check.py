@@ -1,6 +1,6 @@
 """The check: whether a take would be granted now, written nowhere. It reads the counter the take
-would move with the take's own diagnosis query (takes.sql `take_refusal`, one read by the counter's
-key) and answers as the take would: a counter still in an earlier period holds nothing of the new
+would move with the take's own diagnosis query (takes.read_counter: `take_refusal`, one read by the
+counter's key) and answers as the take would: a counter still in an earlier period holds nothing of the new
 one. Only a take enforces a limit: a check is outdated as soon as another take or a release moves
 the counter, so a caller that acts on it still takes and handles a refusal."""
 
@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from psycopg.rows import dict_row
-
-from service.db import Connection, Q
+from service.db import Connection
 from service.errors import AccountDeleted, UnknownAccount
 from service.plans import PlanConfig
 from service.quota import periods
 from service.quota.accounts import ensure_quotas, require_metric
+from service.quota.takes import read_counter
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,28 +45,25 @@ def check_metric(
     AccountDeleted. Writes nothing, except an account's missing counter (created as a take would)."""
     require_metric(plans, metric)
     period = plans.period(metric)
-    params = {"account_id": account_id, "metric": metric}
-    with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(Q.take_refusal, params).fetchone()
-        if row is not None and row["period"] is None and not row["deleted"]:  # rare: created first
-            ensure_quotas(conn, plans, account_id=account_id)
-            row = cur.execute(Q.take_refusal, params).fetchone()
-    if row is None:
+    counter = read_counter(conn, account_id=account_id, metric=metric)
+    if counter is not None and counter.period is None and not counter.deleted:  # rare: created first
+        ensure_quotas(conn, plans, account_id=account_id)
+        counter = read_counter(conn, account_id=account_id, metric=metric)
+    if counter is None:
         raise UnknownAccount(f"unknown account {account_id!r}")
-    if row["deleted"]:
+    if counter.deleted:
         raise AccountDeleted(f"account {account_id!r} was deleted")
-    assert row["period"] is not None  # ensure_quotas made every metric's counter
+    assert counter.period is not None and counter.used is not None  # ensure_quotas made every counter
     # As the take: an earlier period is over (its rollover empties the counter); a later one (another
     # server's clock opened it) is the one the take would count in.
-    used = 0 if row["period"] < period else row["used"]
-    period = max(row["period"], period)
-    limit = row["limit"]
+    used = 0 if counter.period < period else counter.used
+    period = max(counter.period, period)
     return MetricCheck(
-        allowed=limit is None or used + units <= limit,
+        allowed=counter.limit is None or used + units <= counter.limit,
         metric=metric,
         units=units,
-        limit=limit,
+        limit=counter.limit,
         used=used,
-        limit_source=row["limit_source"],
+        limit_source=str(counter.limit_source),
         period=None if period == periods.HELD else period,
     )
