@@ -120,8 +120,10 @@ def measured(url: str, db_url: str, server_pid: int, wrk_args: list[str], *req: 
     return dataclasses.replace(r, app_us=cpu_delta(a0, a1) / n * 1e6, db_us=cpu_delta(d0, d1) / n * 1e6)
 
 
-def run_wrk(url: str, wrk_args: list[str], template: str, accounts: int, key: str) -> WrkResult:
-    cmd = ["wrk", *wrk_args, "--latency", "-s", str(LUA), url, "--", template, str(accounts), key]
+def run_wrk(
+    url: str, wrk_args: list[str], template: str, accounts: int, key: str, method: str = "POST"
+) -> WrkResult:
+    cmd = ["wrk", *wrk_args, "--latency", "-s", str(LUA), url, "--", template, str(accounts), key, method]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     rps = float(re.search(r"Requests/sec:\s+([0-9.]+)", out).group(1))  # type: ignore[union-attr]
     p50 = wrk_ms(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]

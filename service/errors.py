@@ -43,6 +43,13 @@ class UnknownMetric(QuotaError):
     status = 422
 
 
+class UnknownFeature(QuotaError):
+    """The plan config names no such feature."""
+
+    code = "unknown_feature"
+    status = 422
+
+
 class QuotaExhausted(QuotaError):
     """The take would go over the limit; nothing was taken."""
 

@@ -18,7 +18,9 @@ from quota_client.errors import (
     AuthError,
     ConflictError,
     ConnectionFailedError,
+    MetricKindChangedError,
     NotFoundError,
+    NotResettableError,
     QuotaClientError,
     QuotaExceededError,
     ServerError,
@@ -26,7 +28,16 @@ from quota_client.errors import (
     UnknownTakeError,
     ValidationError,
 )
-from quota_client.models import Account, MetricLimit, ReleaseResult, TakeResult, Usage
+from quota_client.models import (
+    Account,
+    FeatureCheck,
+    FeatureState,
+    MetricCheck,
+    MetricLimit,
+    ReleaseResult,
+    TakeResult,
+    Usage,
+)
 
 __all__ = [
     "Account",
@@ -37,8 +48,13 @@ __all__ = [
     "AuthError",
     "ConflictError",
     "ConnectionFailedError",
+    "FeatureCheck",
+    "FeatureState",
+    "MetricCheck",
+    "MetricKindChangedError",
     "MetricLimit",
     "NotFoundError",
+    "NotResettableError",
     "OnReleaseError",
     "QuotaClient",
     "QuotaClientError",

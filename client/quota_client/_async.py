@@ -12,7 +12,15 @@ import httpx
 
 from quota_client import _core
 from quota_client._core import DEFAULT_TIMEOUT, Answer, Call, Exchange, OnReleaseError, Outcome, RetryPolicy
-from quota_client.models import Account, MetricLimit, ReleaseResult, TakeResult, Usage
+from quota_client.models import (
+    Account,
+    FeatureCheck,
+    MetricCheck,
+    MetricLimit,
+    ReleaseResult,
+    TakeResult,
+    Usage,
+)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -70,6 +78,15 @@ class AsyncQuotaClient:
 
     async def usage(self, account_id: str, metric: str, period: str | None = None) -> Usage:
         return await self._run(self._ops.usage(account_id, metric, period))
+
+    async def check(self, account_id: str, metric: str, units: int = 1) -> MetricCheck:
+        return await self._run(self._ops.check(account_id, metric, units))
+
+    async def check_feature(self, account_id: str, feature: str) -> FeatureCheck:
+        return await self._run(self._ops.check_feature(account_id, feature))
+
+    async def feature_enabled(self, account_id: str, feature: str) -> bool:
+        return await self._run(self._ops.feature_enabled(account_id, feature))
 
     async def take(
         self, account_id: str, metric: str, units: int = 1, idempotency_key: str | None = None

@@ -21,7 +21,15 @@ import httpx
 
 from quota_client import models
 from quota_client.errors import ApiError, ConnectionFailedError, QuotaExceededError, api_error
-from quota_client.models import Account, MetricLimit, ReleaseResult, TakeResult, Usage
+from quota_client.models import (
+    Account,
+    FeatureCheck,
+    MetricCheck,
+    MetricLimit,
+    ReleaseResult,
+    TakeResult,
+    Usage,
+)
 
 log = logging.getLogger("quota_client")
 
@@ -143,6 +151,11 @@ def take_id_of(take: TakeResult | int) -> int:
     return take
 
 
+def check_path(account_id: str) -> str:
+    """The check of a metric (`metric`, `units`) or of a feature (`feature`): one route, two queries."""
+    return f"/v1/accounts/{segment(account_id)}/check"
+
+
 def release_path(take: TakeResult | int) -> str:
     """A take result knows its account, so its release names it: the service finds the take on that
     account's own shard (on Citus) without a look-up. A bare take id uses the route without it."""
@@ -180,6 +193,19 @@ class Operations:
         call = Call("GET", f"/v1/accounts/{segment(account_id)}/usage", params=params)
         got = yield from send(call, self.policy)
         return models.usage(ok(got))
+
+    def check(self, account_id: str, metric: str, units: int = 1) -> Exchange[MetricCheck]:
+        params = {"metric": metric, "units": str(units)}
+        got = yield from send(Call("GET", check_path(account_id), params=params), self.policy)
+        return models.metric_check(ok(got))
+
+    def check_feature(self, account_id: str, feature: str) -> Exchange[FeatureCheck]:
+        got = yield from send(Call("GET", check_path(account_id), params={"feature": feature}), self.policy)
+        return models.feature_check(ok(got))
+
+    def feature_enabled(self, account_id: str, feature: str) -> Exchange[bool]:
+        checked = yield from self.check_feature(account_id, feature)
+        return checked.allowed
 
     def take(
         self, account_id: str, metric: str, units: int = 1, idempotency_key: str | None = None
@@ -246,7 +272,8 @@ def granted_or_raise(take: TakeResult) -> TakeResult:
 
 
 def log_release_error(error: Exception, take: TakeResult) -> None:
-    """The default `on_release_error`: the units stay taken until the month's reset, so say which."""
+    """The default `on_release_error`: the units stay taken until their period's reset (an
+    allocation's until released), so say which."""
     log.warning(
         "could not release take %s (%s units of %s for %s): %s",
         take.take_id if take.take_id is not None else f"with idempotency key {take.idempotency_key}",

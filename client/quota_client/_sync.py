@@ -14,7 +14,15 @@ import httpx
 
 from quota_client import _core
 from quota_client._core import DEFAULT_TIMEOUT, Answer, Call, Exchange, OnReleaseError, Outcome, RetryPolicy
-from quota_client.models import Account, MetricLimit, ReleaseResult, TakeResult, Usage
+from quota_client.models import (
+    Account,
+    FeatureCheck,
+    MetricCheck,
+    MetricLimit,
+    ReleaseResult,
+    TakeResult,
+    Usage,
+)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -74,12 +82,30 @@ class QuotaClient:
         )
 
     def limits(self, account_id: str) -> dict[str, MetricLimit]:
-        """Per metric: effective limit (None = unlimited), its source, used, remaining, period."""
+        """Per metric: its kind and reset, effective limit (None = unlimited), its source, used,
+        remaining, over_limit, period."""
         return self._run(self._ops.limits(account_id))
 
     def usage(self, account_id: str, metric: str, period: str | None = None) -> Usage:
-        """Units of `metric` used in `period` (YYYY-MM; default the current month)."""
+        """Units of `metric` used in `period`, of the metric's kind: a month (YYYY-MM) or, for a metric
+        reset daily, a day (YYYY-MM-DD); default the current one. An allocation has no period: its
+        usage is what is held now. A period of another kind is a ValidationError."""
         return self._run(self._ops.usage(account_id, metric, period))
+
+    def check(self, account_id: str, metric: str, units: int = 1) -> MetricCheck:
+        """Whether a take of `units` would be granted now, with the counter's numbers; takes nothing.
+        Only a take enforces the limit: the answer can be outdated by the time the caller acts.
+        UnknownAccountError, AccountDeletedError, ValidationError (e.g. unknown metric)."""
+        return self._run(self._ops.check(account_id, metric, units))
+
+    def check_feature(self, account_id: str, feature: str) -> FeatureCheck:
+        """Whether the account has the boolean `feature` now, and which rule decided it (`source`).
+        ValidationError (code unknown_feature) for a feature no plan names."""
+        return self._run(self._ops.check_feature(account_id, feature))
+
+    def feature_enabled(self, account_id: str, feature: str) -> bool:
+        """`check_feature(...).allowed`."""
+        return self._run(self._ops.feature_enabled(account_id, feature))
 
     def take(
         self, account_id: str, metric: str, units: int = 1, idempotency_key: str | None = None

@@ -60,6 +60,17 @@ class ConflictError(ApiError):
     different take on this account."""
 
 
+class MetricKindChangedError(ConflictError):
+    """The service's plan config changed this metric's kind or reset while the account's counter
+    still holds usage counted the old way; nothing moved. An operator converts such counters
+    (`quota-ledger convert-metric`); until then takes and releases of the metric are refused."""
+
+
+class NotResettableError(ConflictError):
+    """An allocation (seats) is never reset: its units are held by real things and come back by
+    releases."""
+
+
 class ServerError(ApiError):
     """The service failed (5xx), and kept failing through every retry."""
 
@@ -97,6 +108,8 @@ _BY_CODE: dict[str, type[ApiError]] = {
     "unknown_account": UnknownAccountError,
     "unknown_take": UnknownTakeError,
     "account_deleted": AccountDeletedError,
+    "metric_kind_changed": MetricKindChangedError,
+    "not_resettable": NotResettableError,
 }
 _BY_STATUS: dict[int, type[ApiError]] = {
     400: ValidationError,

@@ -11,11 +11,11 @@ from typing import Any, Literal
 class TakeResult:
     """The outcome of a take. Granted: `take_id` names it (pass the result to `release`). Refused
     because the quota is exhausted: `granted` is false, `reason` is "exhausted", `take_id` is None
-    and the numbers say how far it is. `limit` None = unlimited; `replayed` is true when the
-    idempotency key returned an earlier take (nothing moved this time). A slot that cannot give
-    back a take it never learned the id of hands `on_release_error` an unconfirmed one: `granted`,
-    `take_id` None, no numbers; a take with its `idempotency_key` (same metric and units) returns
-    the take, which can then be released."""
+    and the numbers say how far it is. `limit` None = unlimited; `period` None for an allocation;
+    `replayed` is true when the idempotency key returned an earlier take (nothing moved this time).
+    A slot that cannot give back a take it never learned the id of hands `on_release_error` an
+    unconfirmed one: `granted`, `take_id` None, no numbers; a take with its `idempotency_key` (same
+    metric and units) returns the take, which can then be released."""
 
     granted: bool
     account_id: str
@@ -36,7 +36,8 @@ class TakeResult:
 class ReleaseResult:
     """The outcome of a release. `released` false says why in `reason`: "already_released" (also
     what a retried release whose first answer was lost gets: the units are back either way) or
-    "period_closed" (a take from an earlier month, which its reset already cleared)."""
+    "period_closed" (a take of a consumable from an earlier period, month or day, which its reset
+    already cleared; an allocation's take is never closed). `period` is None for an allocation."""
 
     released: bool
     take_id: int
@@ -52,15 +53,30 @@ class ReleaseResult:
 
 @dataclass(frozen=True, kw_only=True)
 class MetricLimit:
-    """One metric of an account in the current period: its effective limit (None = unlimited), the
-    rule that set it (`override`, `free_fallback` or `plan`) and its usage."""
+    """One metric of an account now: its effective limit (None = unlimited), the rule that set it
+    (`override`, `free_fallback` or `plan`) and its usage. `kind` is "consumable" (used up, then zeroed
+    when its period ends: `reset` "month" or "day", UTC) or "allocation" (held until released, such
+    as seats: `reset`, `period` and `resets_at` None). `over_limit`: `used` is above `limit` (after a
+    downgrade or a lower override); takes are refused until releases bring it under."""
 
     limit: int | None
     limit_source: str
     used: int
     remaining: int | None
-    period: str
-    resets_at: str
+    period: str | None
+    resets_at: str | None
+    kind: str = "consumable"
+    reset: str | None = "month"
+    over_limit: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class FeatureState:
+    """One boolean feature of an account and the rule that decided it: `override` (an admin's),
+    `free_fallback` (a lapsed paid plan has the free plan's features) or `plan`."""
+
+    enabled: bool
+    source: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,13 +87,42 @@ class Account:
     subscription_status: str
     deleted: bool = False
     limits: dict[str, MetricLimit] = field(default_factory=dict)
+    features: dict[str, FeatureState] = field(default_factory=dict)  # every feature any plan names
 
 
 @dataclass(frozen=True, kw_only=True)
 class Usage:
+    """Units of `metric` used in `period`; an allocation's is what is held now, `period` None."""
+
     metric: str
-    period: str
+    period: str | None
     used: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricCheck:
+    """Whether a take of `units` of `metric` would be granted now (`allowed`), and the counter it
+    would move, as a take's numbers. Only a take enforces a limit: another take or a release can
+    change the answer before its caller acts, so take all the same and handle a refusal."""
+
+    allowed: bool
+    metric: str
+    units: int
+    limit: int | None
+    used: int
+    remaining: int | None
+    limit_source: str
+    period: str | None
+    resets_at: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class FeatureCheck:
+    """Whether the account has `feature` now (`allowed`), and the rule that decided it (`source`)."""
+
+    allowed: bool
+    feature: str
+    source: str
 
 
 def _int_or_none(v: Any) -> int | None:
@@ -156,14 +201,23 @@ def release_result(body: dict[str, Any]) -> ReleaseResult:
 
 
 def metric_limit(body: dict[str, Any]) -> MetricLimit:
+    limit, used = _int_or_none(body.get("limit")), int(body["used"])
     return MetricLimit(
-        limit=_int_or_none(body.get("limit")),
+        limit=limit,
         limit_source=body["limit_source"],
-        used=int(body["used"]),
+        used=used,
         remaining=_int_or_none(body.get("remaining")),
-        period=body["period"],
-        resets_at=body["resets_at"],
+        period=body.get("period"),
+        resets_at=body.get("resets_at"),
+        # A service from before metric kinds had monthly consumables only, and no over_limit.
+        kind=body.get("kind", "consumable"),
+        reset=body.get("reset", "month"),
+        over_limit=bool(body.get("over_limit", limit is not None and used > limit)),
     )
+
+
+def feature_state(body: dict[str, Any]) -> FeatureState:
+    return FeatureState(enabled=bool(body["enabled"]), source=body["source"])
 
 
 def account(body: dict[str, Any]) -> Account:
@@ -174,8 +228,27 @@ def account(body: dict[str, Any]) -> Account:
         subscription_status=body["subscription_status"],
         deleted=bool(body.get("deleted", False)),
         limits={metric: metric_limit(m) for metric, m in (body.get("limits") or {}).items()},
+        features={name: feature_state(f) for name, f in (body.get("features") or {}).items()},
     )
 
 
 def usage(body: dict[str, Any]) -> Usage:
-    return Usage(metric=body["metric"], period=body["period"], used=int(body["used"]))
+    return Usage(metric=body["metric"], period=body.get("period"), used=int(body["used"]))
+
+
+def metric_check(body: dict[str, Any]) -> MetricCheck:
+    return MetricCheck(
+        allowed=bool(body["allowed"]),
+        metric=body["metric"],
+        units=int(body["units"]),
+        limit=_int_or_none(body.get("limit")),
+        used=int(body["used"]),
+        remaining=_int_or_none(body.get("remaining")),
+        limit_source=body["limit_source"],
+        period=body.get("period"),
+        resets_at=body.get("resets_at"),
+    )
+
+
+def feature_check(body: dict[str, Any]) -> FeatureCheck:
+    return FeatureCheck(allowed=bool(body["allowed"]), feature=body["feature"], source=body["source"])

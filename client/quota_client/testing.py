@@ -2,19 +2,28 @@
 
     from quota_client.testing import InMemoryQuota
 
-    quota = InMemoryQuota(limits={"urls": 50, "seats": 1})
+    quota = InMemoryQuota(
+        limits={"urls": 50, "seats": 1, "exports": 3},
+        metrics={"seats": {"kind": "allocation"}, "exports": {"reset": "day"}},
+        features={"sso": False},
+    )
     quota.ensure_account("acc-1")
     quota.set_limit("acc-1", "urls", 0)
     with pytest.raises(QuotaExceededError):
         with quota.slot("acc-1", "urls"):
             ...
+    quota.set_feature("acc-1", "sso", True)
+    assert quota.feature_enabled("acc-1", "sso")
 
 `InMemoryQuota` is a `QuotaClient` (and `AsyncInMemoryQuota` an `AsyncQuotaClient`) whose network is
 `InMemoryService`: code typed against the client takes the fake as it is, and every answer goes
 through the client's own parsing, errors and `slot`. The service side keeps what the real one
-keeps for these calls: accounts, per-metric limits, per-month counters, takes, releases, idempotency
-keys, exhaustion, and the same answers and error codes; the client's contract tests run against
-both. Not kept: plans and billing, the ledger, authentication (any key is accepted).
+keeps for these calls: accounts, per-metric limits, counters of the three kinds of metric (consumed
+monthly, consumed daily, allocations held until released), boolean features and their overrides,
+checks, takes, releases, idempotency keys, exhaustion, and the same answers and error codes; the
+client's contract tests run against both. Time is the service's `clock`, which a test can set. Not
+kept: plans and billing (one plan for every account, so no lapse and no free-plan fallback), the
+ledger, admin resets, authentication (any key is accepted).
 """
 
 from __future__ import annotations
@@ -22,9 +31,9 @@ from __future__ import annotations
 import json
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -41,11 +50,15 @@ ACCOUNT_ID_RULE = "1-128 characters of [A-Za-z0-9._:@-]"
 RELEASE_REASONS = ALREADY_RELEASED, PERIOD_CLOSED = ("already_released", "period_closed")
 LIMIT_SOURCES = OVERRIDE, PLAN = ("override", "plan")  # no plans here, so no free_fallback
 NO_SUBSCRIPTION = "none"
-PERIOD = re.compile(r"[0-9]{4}-(0[1-9]|1[0-2])")
+METRIC_KINDS = CONSUMABLE, ALLOCATION = ("consumable", "allocation")
+RESETS = MONTH, DAY = ("month", "day")
+USAGE_PERIOD = re.compile(r"[0-9]{4}-(0[1-9]|1[0-2])(-(0[1-9]|[12][0-9]|3[01]))?")
+HELD = "held"  # the period of an allocation's counter; the API shows it as null
 MAX_UNITS = 2**31 - 1
 BASE_URL = "http://quota.in-memory"
 
 Reply = tuple[int, dict[str, Any]]
+Metrics = Mapping[str, Mapping[str, str]]  # plans.toml's [metrics]: {"seats": {"kind": "allocation"}}
 
 
 class _Refused(Exception):
@@ -63,6 +76,7 @@ class _Account:
     kind: str
     deleted: bool = False
     overrides: dict[str, int | None] = field(default_factory=dict)
+    feature_overrides: dict[str, bool] = field(default_factory=dict)
 
 
 @dataclass
@@ -71,33 +85,94 @@ class _Take:
     account_id: str
     metric: str
     units: int
-    period: str
+    period: str  # the counter's: a month, a day, or HELD
     answer: dict[str, Any] = field(default_factory=dict)  # as first answered; a replay repeats it
     released: bool = False
 
 
-def current_period() -> str:
-    now = datetime.now(UTC)
-    return f"{now.year:04d}-{now.month:02d}"
+@dataclass(frozen=True)
+class _Metric:
+    """How a metric's counter moves, as plans.toml [metrics] says: `reset` None for an allocation."""
+
+    kind: str = CONSUMABLE
+    reset: str | None = MONTH
+
+    def period_at(self, at: datetime) -> str:
+        if self.reset is None:
+            return HELD
+        return at.strftime("%Y-%m-%d" if self.reset == DAY else "%Y-%m")
 
 
-def _resets_at(period: str) -> str:
+def _metric_kinds(limits: Mapping[str, object], metrics: Metrics) -> dict[str, _Metric]:
+    """The [metrics] table of a plan file, refused as the service refuses it (ValueError naming the key)."""
+    kinds: dict[str, _Metric] = {}
+    for name, item in metrics.items():
+        if name not in limits:
+            raise ValueError(f"metrics.{name}: no limit names this metric")
+        for key in item:
+            if key not in ("kind", "reset"):
+                raise ValueError(f"metrics.{name}.{key}: unknown key; known: kind, reset")
+        kind = item.get("kind", CONSUMABLE)
+        if kind not in METRIC_KINDS:
+            raise ValueError(f"metrics.{name}.kind: {kind!r}; one of {', '.join(METRIC_KINDS)}")
+        if kind == ALLOCATION and "reset" in item:
+            raise ValueError(f"metrics.{name}.reset: an allocation is never reset")
+        reset = None if kind == ALLOCATION else item.get("reset", MONTH)
+        if reset is not None and reset not in RESETS:
+            raise ValueError(f"metrics.{name}.reset: {reset!r}; one of {', '.join(RESETS)}")
+        kinds[name] = _Metric(kind, reset)
+    return kinds
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _resets_at(period: str) -> str | None:
+    """When `period` ends (ISO 8601, UTC): the next month's or day's start; None for HELD."""
+    if period == HELD:
+        return None
+    if len(period) == len("YYYY-MM-DD"):
+        end = datetime.fromisoformat(period) + timedelta(days=1)
+        return end.strftime("%Y-%m-%dT00:00:00Z")
     year, month = int(period[:4]), int(period[5:])
     return f"{year + month // 12:04d}-{month % 12 + 1:02d}-01T00:00:00Z"
+
+
+def _shown(period: str) -> str | None:
+    return None if period == HELD else period
 
 
 class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
     """The service's product API in memory, as an httpx transport. `limits` are every account's
     plan limits per metric (None = unlimited); metrics not named there are unknown, as metrics not
-    in the plan config are to the service. `period` fixes the current month (YYYY-MM) for tests of
-    a new month; None follows the UTC clock. Thread-safe."""
+    in the plan config are to the service. `metrics` is plans.toml's [metrics] table: a metric not
+    in it is consumed monthly; `{"kind": "allocation"}` is held until released and never reset;
+    `{"reset": "day"}` is consumed daily (UTC). `features` names every boolean feature, each with
+    whether the plan has it. `clock` is the time (an aware datetime; default the UTC clock): set
+    `now` to fix it at an instant, or `period` ("YYYY-MM") at a month's start, to test a new day or
+    month. Thread-safe."""
 
     def __init__(
-        self, limits: Mapping[str, int | None], *, plan: str = "free", period: str | None = None
+        self,
+        limits: Mapping[str, int | None],
+        *,
+        metrics: Metrics | None = None,
+        features: Mapping[str, bool] | None = None,
+        plan: str = "free",
+        period: str | None = None,
+        clock: Callable[[], datetime] | None = None,
     ) -> None:
         self.limits = dict(limits)
+        self.kinds = _metric_kinds(self.limits, metrics or {})
+        self.features = dict(features or {})
+        for name in self.features:
+            if name in self.limits:
+                raise ValueError(f"features: {name!r} is also a metric; a name is one or the other")
         self.plan = plan
-        self.period = period
+        self.clock: Callable[[], datetime] = clock or _utc_now
+        if period is not None:
+            self.period = period
         self._lock = threading.Lock()
         self._accounts: dict[str, _Account] = {}
         self._used: dict[tuple[str, str, str], int] = {}
@@ -105,6 +180,29 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
         self._keys: dict[tuple[str, str], int] = {}
         self._failures: list[int] = []
         self.requests = 0  # every request that arrived, failed ones included
+
+    @property
+    def now(self) -> datetime:
+        """The service's time, in UTC. Setting it stops the clock at that (aware) instant."""
+        at = self.clock()
+        if at.tzinfo is None:
+            raise ValueError("the clock must give an aware datetime (tzinfo=UTC)")
+        return at.astimezone(UTC)
+
+    @now.setter
+    def now(self, at: datetime) -> None:
+        if at.tzinfo is None:
+            raise ValueError("give an aware datetime (tzinfo=UTC)")
+        self.clock = lambda: at
+
+    @property
+    def period(self) -> str:
+        """The current month, YYYY-MM. Setting it stops the clock at the month's first instant."""
+        return self.now.strftime("%Y-%m")
+
+    @period.setter
+    def period(self, month: str) -> None:
+        self.now = datetime.strptime(month, "%Y-%m").replace(tzinfo=UTC)
 
     def fail_next(self, count: int = 1, status: int = 503) -> None:
         """Answer the next `count` requests with `status` and do nothing, as a service that is down
@@ -124,6 +222,17 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
     def clear_limit(self, account_id: str, metric: str) -> None:
         with self._lock:
             self._admin(account_id).overrides.pop(metric, None)
+
+    def set_feature(self, account_id: str, feature: str, enabled: bool) -> None:
+        """A sticky override of a boolean feature, as the admin API sets it."""
+        if feature not in self.features:
+            raise ValueError(f"unknown feature {feature!r}; known: {', '.join(self.features) or 'none'}")
+        with self._lock:
+            self._admin(account_id).feature_overrides[feature] = enabled
+
+    def clear_feature(self, account_id: str, feature: str) -> None:
+        with self._lock:
+            self._admin(account_id).feature_overrides.pop(feature, None)
 
     def delete_account(self, account_id: str) -> None:
         """Soft delete: takes are refused with 410 from now on."""
@@ -172,6 +281,8 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
                 return self._release(int(take_id), account_id=_account_id(account_id))
             case "GET", ["v1", "accounts", account_id, "usage"]:
                 return self._usage(account_id, params)
+            case "GET", ["v1", "accounts", account_id, "check"]:
+                return self._check(account_id, params)
         raise _Refused(404, "not_found", f"no route {method} {path}")
 
     # The product API.
@@ -218,10 +329,8 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
                     take_id=earlier.take_id,
                 )
             return 200, earlier.answer
-        account = self._account(account_id)
-        if account.deleted:
-            raise _Refused(410, "account_deleted", f"account {account_id!r} was deleted")
-        period = self._period()
+        account = self._live(account_id)
+        period = self._current(metric)
         limit, source = self._limit(account, metric)
         used = self._used.get((account_id, metric, period), 0)
         if limit is not None and used + units > limit:
@@ -232,7 +341,7 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
                 used=used,
                 limit=limit,
                 remaining=max(limit - used, 0),
-                period=period,
+                period=_shown(period),
                 limit_source=source,
             )
         self._used[account_id, metric, period] = used + units
@@ -249,7 +358,7 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
             raise _Refused(404, "unknown_take", f"unknown take {take_id}")
         if take.released:
             return 200, {"released": False, "reason": ALREADY_RELEASED, "take_id": take_id}
-        if take.period != self._period():
+        if take.period != self._current(take.metric):  # an allocation's (HELD) is never closed
             return 200, {"released": False, "reason": PERIOD_CLOSED, "take_id": take_id}
         take.released = True
         counter = (take.account_id, take.metric, take.period)
@@ -263,19 +372,60 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
         metric, period = params.get("metric"), params.get("period")
         if metric is None:
             fields["metric"] = ["Missing data for required field."]
-        if period is not None and not PERIOD.fullmatch(period):
-            fields["period"] = ["a calendar month, YYYY-MM"]
+        if period is not None and not USAGE_PERIOD.fullmatch(period):
+            fields["period"] = ["a calendar month YYYY-MM, or a day YYYY-MM-DD"]
         if fields:
             raise _invalid(fields)
         assert metric is not None
         _account_id(account_id)
         self._known_metric(metric)
+        current = self._current(metric)
+        period = period or current
+        if len(period) != len(current):  # a month, a day or HELD: the periods of one kind
+            raise _invalid(
+                {"period": [_PERIOD_OF_KIND[len(current)].format(metric=metric)]},
+                "the period is not of the metric's kind",
+            )
         self._account(account_id)
-        period = period or self._period()
         return 200, {
             "metric": metric,
-            "period": period,
+            "period": _shown(period),
             "used": self._used.get((account_id, metric, period), 0),
+        }
+
+    def _check(self, account_id: str, params: dict[str, str]) -> Reply:
+        fields = {n: ["Unknown field."] for n in params if n not in ("metric", "units", "feature")}
+        metric, feature, units_text = params.get("metric"), params.get("feature"), params.get("units")
+        for name, value in (("metric", metric), ("feature", feature)):
+            if value is not None and not 1 <= len(value) <= 64:
+                fields[name] = ["Length must be between 1 and 64."]
+        units = 1
+        if units_text is not None:
+            if units_text.isascii() and units_text.isdigit() and 1 <= int(units_text) <= MAX_UNITS:
+                units = int(units_text)
+            else:
+                fields["units"] = [f"An integer from 1 to {MAX_UNITS}."]
+        if (metric is None) == (feature is None):
+            fields["_schema"] = ["name either a metric or a feature"]
+        elif feature is not None and units_text is not None:
+            fields["units"] = ["units applies to a metric"]
+        if fields:
+            raise _invalid(fields)
+        _account_id(account_id)
+        if feature is not None:
+            self._known_feature(feature)
+            enabled, source = self._feature(self._live(account_id), feature)
+            return 200, {"allowed": enabled, "feature": feature, "source": source}
+        assert metric is not None
+        self._known_metric(metric)
+        self._live(account_id)
+        counter = self._counter_json(account_id, metric)
+        limit, used = counter["limit"], counter["used"]
+        return 200, {
+            **counter,
+            "allowed": limit is None or used + units <= limit,
+            "units": units,
+            "resets_at": _resets_at(self._current(metric)),
         }
 
     # Helpers, called with the lock held.
@@ -286,8 +436,14 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
                 422, "unknown_metric", f"unknown metric {metric!r}; known: {', '.join(self.limits)}"
             )
 
-    def _period(self) -> str:
-        return self.period or current_period()
+    def _known_feature(self, feature: str) -> None:
+        if feature not in self.features:
+            known = ", ".join(self.features) or "none"
+            raise _Refused(422, "unknown_feature", f"unknown feature {feature!r}; known: {known}")
+
+    def _current(self, metric: str) -> str:
+        """The period a take of `metric` counts in now: this month, today, or HELD."""
+        return self.kinds.get(metric, _Metric()).period_at(self.now)
 
     def _account(self, account_id: str) -> _Account:
         account = self._accounts.get(account_id)
@@ -295,13 +451,25 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
             raise _Refused(404, "unknown_account", f"unknown account {account_id!r}")
         return account
 
+    def _live(self, account_id: str) -> _Account:
+        account = self._account(account_id)
+        if account.deleted:
+            raise _Refused(410, "account_deleted", f"account {account_id!r} was deleted")
+        return account
+
+    def _feature(self, account: _Account, feature: str) -> tuple[bool, str]:
+        """The limits' precedence without plans to lapse from: an override, else the plan's."""
+        if feature in account.feature_overrides:
+            return account.feature_overrides[feature], OVERRIDE
+        return self.features[feature], PLAN
+
     def _limit(self, account: _Account, metric: str) -> tuple[int | None, str]:
         if metric in account.overrides:
             return account.overrides[metric], OVERRIDE
         return self.limits[metric], PLAN
 
     def _counter_json(self, account_id: str, metric: str) -> dict[str, Any]:
-        period = self._period()
+        period = self._current(metric)
         limit, source = self._limit(self._accounts[account_id], metric)
         used = self._used.get((account_id, metric, period), 0)
         return {
@@ -309,7 +477,7 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
             "used": used,
             "limit": limit,
             "remaining": None if limit is None else max(limit - used, 0),
-            "period": period,
+            "period": _shown(period),
             "limit_source": source,
         }
 
@@ -319,7 +487,18 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
         for metric in self.limits:
             counter = self._counter_json(account_id, metric)
             del counter["metric"]
-            limits[metric] = {**counter, "resets_at": _resets_at(counter["period"])}
+            kind = self.kinds.get(metric, _Metric())
+            limits[metric] = {
+                **counter,
+                "kind": kind.kind,
+                "reset": kind.reset,
+                "over_limit": counter["limit"] is not None and counter["used"] > counter["limit"],
+                "resets_at": _resets_at(self._current(metric)),
+            }
+        features = {}
+        for feature in self.features:
+            enabled, source = self._feature(account, feature)
+            features[feature] = {"enabled": enabled, "source": source}
         return {
             "id": account_id,
             "kind": account.kind,
@@ -327,7 +506,16 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
             "subscription_status": NO_SUBSCRIPTION,
             "deleted": account.deleted,
             "limits": limits,
+            "features": features,
         }
+
+
+# What a usage query must name for a metric whose current period is this long, as the service says.
+_PERIOD_OF_KIND = {
+    len(HELD): "{metric} is an allocation: it has no period; omit period for what is held now",
+    len("YYYY-MM"): "{metric} resets monthly: name a month, YYYY-MM",
+    len("YYYY-MM-DD"): "{metric} resets daily: name a day, YYYY-MM-DD",
+}
 
 
 def _json_object(content: bytes) -> dict[str, Any]:
@@ -352,12 +540,19 @@ def _account_id(value: str) -> str:
     return value
 
 
-def _service(limits: Mapping[str, int | None] | None, service: InMemoryService | None) -> InMemoryService:
+def _service(
+    limits: Mapping[str, int | None] | None,
+    metrics: Metrics | None,
+    features: Mapping[str, bool] | None,
+    service: InMemoryService | None,
+) -> InMemoryService:
     if service is not None:
+        if (limits, metrics, features) != (None, None, None):
+            raise TypeError("give limits, metrics and features, or an InMemoryService made with them")
         return service
     if limits is None:
         raise TypeError("give the metrics' limits (limits={'urls': 50}) or an InMemoryService")
-    return InMemoryService(limits)
+    return InMemoryService(limits, metrics=metrics, features=features)
 
 
 class _AdminActions:
@@ -371,6 +566,12 @@ class _AdminActions:
     def clear_limit(self, account_id: str, metric: str) -> None:
         self.service.clear_limit(account_id, metric)
 
+    def set_feature(self, account_id: str, feature: str, enabled: bool) -> None:
+        self.service.set_feature(account_id, feature, enabled)
+
+    def clear_feature(self, account_id: str, feature: str) -> None:
+        self.service.clear_feature(account_id, feature)
+
     def delete_account(self, account_id: str) -> None:
         self.service.delete_account(account_id)
 
@@ -378,19 +579,23 @@ class _AdminActions:
 class InMemoryQuota(_AdminActions, QuotaClient):
     """A QuotaClient over an `InMemoryService` (made from `limits`, or the `service` given, which
     lets a sync and an async fake share one state). Retries as the real client does, without the
-    waits (`backoff` 0). Adds the service's admin actions: `set_limit`, `clear_limit`,
-    `delete_account`; `service.fail_next()` makes the next calls fail with 503."""
+    waits (`backoff` 0). `limits`, `metrics` and `features` are `InMemoryService`'s. Adds the
+    service's admin actions: `set_limit`, `clear_limit`, `set_feature`, `clear_feature`,
+    `delete_account`; `service.fail_next()` makes the next calls fail with 503, and `service.now`
+    (or `service.period`) moves the clock."""
 
     def __init__(
         self,
         limits: Mapping[str, int | None] | None = None,
         *,
+        metrics: Metrics | None = None,
+        features: Mapping[str, bool] | None = None,
         service: InMemoryService | None = None,
         retries: int = 3,
         backoff: float = 0.0,
         on_release_error: OnReleaseError = log_release_error,
     ) -> None:
-        self.service = _service(limits, service)
+        self.service = _service(limits, metrics, features, service)
         super().__init__(
             BASE_URL,
             "in-memory",
@@ -408,12 +613,14 @@ class AsyncInMemoryQuota(_AdminActions, AsyncQuotaClient):
         self,
         limits: Mapping[str, int | None] | None = None,
         *,
+        metrics: Metrics | None = None,
+        features: Mapping[str, bool] | None = None,
         service: InMemoryService | None = None,
         retries: int = 3,
         backoff: float = 0.0,
         on_release_error: OnReleaseError = log_release_error,
     ) -> None:
-        self.service = _service(limits, service)
+        self.service = _service(limits, metrics, features, service)
         super().__init__(
             BASE_URL,
             "in-memory",

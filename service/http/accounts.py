@@ -15,6 +15,7 @@ from service.errors import (
     IdempotencyKeyReused,
     QuotaExhausted,
     UnknownAccount,
+    UnknownFeature,
     UnknownMetric,
     UnknownTake,
 )
@@ -25,7 +26,7 @@ from service.http.runtime import runtime
 from service.http.schemas import requests as rq
 from service.http.schemas import responses as rs
 from service.http.validation import account_id, json_body, query_args
-from service.quota import accounts, periods, takes, usage
+from service.quota import accounts, check, features, periods, takes, usage
 
 bp = Blueprint("accounts", __name__, url_prefix="/v1")
 PRODUCT = ("product", "admin")
@@ -65,7 +66,7 @@ def put_account(id: str) -> tuple[Response, int]:
 @require(*PRODUCT)
 @refuses(ValidationFailed, UnknownAccount)
 def get_account(id: str) -> Response:
-    """An account with its effective limits and usage.
+    """An account with its effective limits, usage and features.
     ---
     get:
       responses:
@@ -75,6 +76,34 @@ def get_account(id: str) -> Response:
     with rt.connection() as conn:
         view = accounts.get_account(conn, rt.plans, account_id=account_id(id))
     return jsonify(rs.ACCOUNT.dump(view))
+
+
+@bp.get("/accounts/<id>/check")
+@require(*PRODUCT)
+@refuses(ValidationFailed, UnknownMetric, UnknownFeature, UnknownAccount, AccountDeleted)
+def get_check(id: str) -> Response:
+    """Whether a take of `units` of `metric` would be granted now, or whether `feature` is on; writes nothing.
+    ---
+    get:
+      parameters: [{in: query, schema: CheckQuery}]
+      responses:
+        200:
+          description: "a MetricCheck for `metric`, a FeatureCheck for `feature`. Only a take enforces a
+            limit: a check can be outdated by the time its caller acts."
+          content: {application/json: {schema: {anyOf: [MetricCheck, FeatureCheck]}}}
+    """
+    args = query_args(rq.CHECK_QUERY)
+    rt = runtime()
+    with rt.connection() as conn:
+        if "feature" in args:
+            f = features.feature(conn, rt.plans, account_id=account_id(id), feature=args["feature"])
+            return jsonify(
+                rs.FEATURE_CHECK.dump({"allowed": f.enabled, "feature": f.feature, "source": f.source})
+            )
+        counter = check.check_metric(
+            conn, rt.plans, account_id=account_id(id), metric=args["metric"], units=args.get("units", 1)
+        )
+    return jsonify(rs.METRIC_CHECK.dump(counter))
 
 
 @bp.post("/accounts/<id>/takes")

@@ -7,15 +7,16 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
-from service.errors import AccountDeleted, NotResettable, UnknownAccount, UnknownMetric
+from service.errors import AccountDeleted, NotResettable, UnknownAccount, UnknownFeature, UnknownMetric
 from service.http.auth import actor, require
 from service.http.errors import InvalidJson, ValidationFailed, refuses
 from service.http.runtime import runtime
 from service.http.schemas import requests as rq
 from service.http.schemas import responses as rs
 from service.http.validation import account_id, json_body
-from service.quota import accounts, admin, overrides
+from service.quota import accounts, admin, features, overrides
 from service.quota.accounts import MetricView
+from service.quota.features import FeatureView
 
 bp = Blueprint("admin", __name__, url_prefix="/v1/admin")
 
@@ -24,7 +25,7 @@ bp = Blueprint("admin", __name__, url_prefix="/v1/admin")
 @require("admin")
 @refuses(ValidationFailed, UnknownAccount)
 def get_account(id: str) -> Response:
-    """The admin view: plan limits, overrides, the Stripe customer.
+    """The admin view: plan limits, overrides (of limits and of features), the Stripe customer.
     ---
     get:
       responses:
@@ -91,6 +92,63 @@ def delete_override(id: str, metric: str) -> Response:
             conn, rt.plans, account_id=account_id(id), metric=metric, actor=actor()
         )
     return _after(id, metric, previous)
+
+
+@dataclass(frozen=True)
+class _FeatureChange:
+    """What a feature override endpoint answers: the feature as it is now, and the override it replaced."""
+
+    account_id: str
+    previous: bool | None
+    now: FeatureView
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.now, name)
+
+
+def _feature_after(id: str, feature: str, previous: bool | None) -> Response:
+    rt = runtime()
+    with rt.connection() as conn:
+        [now] = features.account_features(conn, rt.plans, account_id=id, features=(feature,))
+    return jsonify(rs.FEATURE_OVERRIDE_CHANGE.dump(_FeatureChange(id, previous, now)))
+
+
+@bp.put("/accounts/<id>/features/<feature>")
+@require("admin")
+@refuses(InvalidJson, ValidationFailed, UnknownFeature, UnknownAccount)
+def put_feature(id: str, feature: str) -> Response:
+    """Turn a boolean feature on or off whatever the plan (sticky), audited unless already so.
+    ---
+    put:
+      requestBody: {required: true, content: {application/json: {schema: FeaturePut}}}
+      responses:
+        200: {description: the feature now, content: {application/json: {schema: FeatureOverrideChange}}}
+    """
+    body = json_body(rq.FEATURE_PUT)
+    rt = runtime()
+    with rt.connection() as conn:
+        previous = features.set_override(
+            conn, rt.plans, account_id=account_id(id), feature=feature, enabled=body["enabled"], actor=actor()
+        )
+    return _feature_after(id, feature, previous)
+
+
+@bp.delete("/accounts/<id>/features/<feature>")
+@require("admin")
+@refuses(ValidationFailed, UnknownFeature, UnknownAccount)
+def delete_feature(id: str, feature: str) -> Response:
+    """Clear a feature's override so the plan decides again, audited unless none was set.
+    ---
+    delete:
+      responses:
+        200: {description: the feature now, content: {application/json: {schema: FeatureOverrideChange}}}
+    """
+    rt = runtime()
+    with rt.connection() as conn:
+        previous = features.clear_override(
+            conn, rt.plans, account_id=account_id(id), feature=feature, actor=actor()
+        )
+    return _feature_after(id, feature, previous)
 
 
 @bp.post("/accounts/<id>/reset")

@@ -6,7 +6,7 @@ the answers that are not refusals. What the routes already say is added here rat
 every docstring: the path parameters (from the URL rule's arguments), the key a route requires (from
 `@require`: security, 401 and 403), the refusals it declares (`@refuses`: each status with its codes
 and their meaning), and the summary (the docstring's first line). Metric names are the plan
-config's, so the document is built per app, once, on first request.
+config's, and so are feature names, so the document is built per app, once, on first request.
 """
 
 from __future__ import annotations
@@ -25,17 +25,23 @@ from service.http.errors import EVERY_ROUTE, Forbidden, NotFound, Refusal, Unaut
 from service.http.inbound import MAX_BIGINT
 from service.http.runtime import Runtime
 from service.http.schemas import responses as rs
-from service.http.schemas.fields import Metric, Text
+from service.http.schemas.fields import Feature, Metric, Text
 from service.vocabulary import ACCOUNT_ID_PATTERN
 
 ROW_ID = {"type": "integer", "minimum": 0, "maximum": MAX_BIGINT}
 
 
-def _path_parameters(metrics: list[str]) -> dict[str, dict[str, Any]]:
+def _names(names: list[str]) -> dict[str, Any]:
+    """The plan config's names (of metrics, of features) as a string enum; any string when it has none."""
+    return {"type": "string", "enum": names} if names else {"type": "string"}
+
+
+def _path_parameters(metrics: list[str], features: list[str]) -> dict[str, dict[str, Any]]:
     """The schema of each URL rule argument, by name (every route names its ids alike)."""
     return {
         "id": {"type": "string", "pattern": ACCOUNT_ID_PATTERN},
-        "metric": {"type": "string", "enum": metrics},
+        "metric": _names(metrics),
+        "feature": _names(features),
         "take_id": ROW_ID,
         "inbox_id": ROW_ID,
     }
@@ -102,9 +108,9 @@ class _RoutePlugin(BasePlugin):
             op["responses"] = dict(sorted(op["responses"].items(), key=lambda item: int(item[0])))
 
 
-def _field_rules(metrics: list[str]) -> Any:
+def _field_rules(metrics: list[str], features: list[str]) -> Any:
     """What our field classes refuse beyond their type: Text a NUL (which Postgres cannot store),
-    Metric a name the plan config does not know."""
+    Metric and Feature a name the plan config does not know."""
 
     def field_rules(self: OpenAPIConverter, field: fields.Field[Any], **kwargs: Any) -> dict[str, Any]:
         rules: dict[str, Any] = {}
@@ -112,6 +118,8 @@ def _field_rules(metrics: list[str]) -> Any:
             rules["pattern"] = "^[^\\u0000]*$"
         if isinstance(field, Metric):
             rules["enum"] = metrics
+        if isinstance(field, Feature) and features:
+            rules["enum"] = features
         return rules
 
     return field_rules
@@ -119,7 +127,7 @@ def _field_rules(metrics: list[str]) -> Any:
 
 def build(app: Flask) -> dict[str, Any]:
     rt: Runtime = app.extensions["quota"]
-    metrics = list(rt.plans.metrics)
+    metrics, features = list(rt.plans.metrics), list(rt.plans.features)
     marshmallow = MarshmallowPlugin()
     spec = APISpec(
         title="Quota ledger",
@@ -129,12 +137,12 @@ def build(app: Flask) -> dict[str, Any]:
         info={"description": "Plan limits from billing webhooks, atomic takes, an append-only ledger."},
     )
     assert marshmallow.converter is not None
-    marshmallow.converter.add_attribute_function(_field_rules(metrics))  # type: ignore[no-untyped-call]
+    marshmallow.converter.add_attribute_function(_field_rules(metrics, features))  # type: ignore[no-untyped-call]
     spec.components.security_scheme("apiKey", {"type": "http", "scheme": "bearer"})
     spec.components.security_scheme(
         "revenuecatAuthorization", {"type": "apiKey", "in": "header", "name": "Authorization"}
     )
-    by_name = _path_parameters(metrics)
+    by_name = _path_parameters(metrics, features)
     for rule in sorted(app.url_map.iter_rules(), key=lambda r: r.rule):
         if rule.endpoint == "static":
             continue

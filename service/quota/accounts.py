@@ -12,6 +12,7 @@ from service.db import Connection, Q, transaction
 from service.errors import AccountDeleted, CustomerAlreadyLinked, UnknownAccount, UnknownMetric
 from service.plans import PlanConfig
 from service.quota import periods
+from service.quota.features import FeatureView, account_features
 
 
 def require_metric(plans: PlanConfig, metric: str) -> None:
@@ -76,10 +77,15 @@ class AccountView(Account):
     """The account with one MetricView per metric of the plan config."""
 
     limits: list[MetricView] = field(default_factory=list)
+    features: list[FeatureView] = field(default_factory=list)  # every feature of the plan config
 
     @property
     def by_metric(self) -> dict[str, MetricView]:
         return {m.metric: m for m in self.limits}
+
+    @property
+    def by_feature(self) -> dict[str, FeatureView]:
+        return {f.feature: f for f in self.features}
 
 
 def _limit_params(plans: PlanConfig, plan: str) -> dict[str, object]:
@@ -203,4 +209,6 @@ def get_account(
         ensure_quotas(conn, plans, account_id=account_id, period=period)
         with conn.cursor(row_factory=class_row(MetricView)) as cur:
             limits = cur.execute(Q.account_quotas, params).fetchall()
-    return AccountView(**vars(acct), limits=limits)
+    return AccountView(
+        **vars(acct), limits=limits, features=account_features(conn, plans, account_id=account_id)
+    )

@@ -284,3 +284,11 @@ def release(
     return Release(
         released=False, take_id=take_id, reason="period_closed", counter_period=why["counter_period"]
     )
+
+
+def read_counter(conn: Connection, *, account_id: str, metric: str) -> _Counter | None:
+    """The counter a take of `metric` would move, with the account's deleted flag, in the one read
+    by key that explains a refused take (`take_refusal`); None: no such account. The check's read
+    (service/quota/check.py): what it answers is what this take would meet."""
+    with conn.cursor(row_factory=class_row(_Counter)) as cur:
+        return cur.execute(Q.take_refusal, {"account_id": account_id, "metric": metric}).fetchone()

@@ -2,7 +2,9 @@
 InMemoryQuota: `backend` runs each contract test on both.
 
 On the service side the client goes through FlakyProxy, so that a test can refuse or lose requests
-on the network; set-up that is not under test (limits, soft delete) is plain SQL, as in tests/db."""
+on the network; set-up that is not under test (limits, soft delete) is plain SQL, as in tests/db,
+and a feature override the domain call. The service runs in this process, so `set_now` moves its
+clock (service.quota.periods.now) as InMemoryService's."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 
 import httpx
@@ -24,12 +27,13 @@ from werkzeug.serving import make_server
 
 from service.config import Settings
 from service.keys import create_key
+from service.plans import load_plans
+from service.quota import features, periods
 from tests.client.proxy import FlakyProxy
 from tests.conftest import PLANS_FILE, running_app, with_database
 from tests.db.helpers import set_override, soft_delete
 
-# The free plan of tests/plans.toml, which a new account of the service is on.
-FREE_LIMITS = {"urls": 50, "api_calls": 1000, "seats": 1}
+PLANS = load_plans(PLANS_FILE)
 FAST = {"retries": 3, "backoff": 0.001, "max_backoff": 0.01, "timeout": 10.0}
 
 
@@ -39,7 +43,13 @@ class Backend(Protocol):
     def client(self, **options: Any) -> QuotaClient: ...
     def async_client(self, **options: Any) -> AsyncQuotaClient: ...
     def set_limit(self, account_id: str, metric: str, limit: int | None) -> None: ...
+    def set_feature(self, account_id: str, feature: str, enabled: bool | None) -> None:
+        """An admin's override of the feature; None clears it."""
+
     def delete(self, account_id: str) -> None: ...
+    def set_now(self, at: datetime) -> None:
+        """Stop the backend's clock at `at` (for the rest of the test)."""
+
     def fail_next(self, count: int) -> None:
         """The next `count` requests are answered 503 without reaching the quota logic."""
 
@@ -61,6 +71,7 @@ class ServiceBackend:
     proxy: FlakyProxy
     key: str
     conn: psycopg.Connection[Any]
+    monkeypatch: pytest.MonkeyPatch
     name: str = "service"
 
     def client(self, **options: Any) -> QuotaClient:
@@ -72,8 +83,18 @@ class ServiceBackend:
     def set_limit(self, account_id: str, metric: str, limit: int | None) -> None:
         set_override(self.conn, account_id, metric, limit)
 
+    def set_feature(self, account_id: str, feature: str, enabled: bool | None) -> None:
+        who = {"account_id": account_id, "feature": feature, "actor": "test"}
+        if enabled is None:
+            features.clear_override(self.conn, PLANS, **who)
+        else:
+            features.set_override(self.conn, PLANS, enabled=enabled, **who)
+
     def delete(self, account_id: str) -> None:
         soft_delete(self.conn, account_id)
+
+    def set_now(self, at: datetime) -> None:
+        self.monkeypatch.setattr(periods, "now", lambda: at)  # undone after the test
 
     def fail_next(self, count: int) -> None:
         self.proxy.refuse_next(count)
@@ -97,8 +118,8 @@ class StallingService(InMemoryService):
     """InMemoryService that can hold an answer back after applying the call, as FlakyProxy does in
     front of the service: for a second, then a read timeout."""
 
-    def __init__(self, limits: dict[str, int | None]) -> None:
-        super().__init__(limits)
+    def __init__(self, limits: dict[str, int | None], **options: Any) -> None:
+        super().__init__(limits, **options)
         self.stalled = 0
         self._stalls = 0
         self._stall_lock = threading.Lock()
@@ -144,8 +165,17 @@ class MemoryBackend:
     def set_limit(self, account_id: str, metric: str, limit: int | None) -> None:
         self.service.set_limit(account_id, metric, limit)
 
+    def set_feature(self, account_id: str, feature: str, enabled: bool | None) -> None:
+        if enabled is None:
+            self.service.clear_feature(account_id, feature)
+        else:
+            self.service.set_feature(account_id, feature, enabled)
+
     def delete(self, account_id: str) -> None:
         self.service.delete_account(account_id)
+
+    def set_now(self, at: datetime) -> None:
+        self.service.now = at
 
     def fail_next(self, count: int) -> None:
         self.service.fail_next(count)
@@ -160,6 +190,17 @@ class MemoryBackend:
     @property
     def requests(self) -> int:
         return self.service.requests
+
+
+def free_plan_service() -> StallingService:
+    """InMemoryService as the free plan of tests/plans.toml, which a new account of the service is on:
+    its limits and features, and the file's kinds of metric."""
+    free = PLANS.plans[PLANS.free_plan]
+    return StallingService(
+        dict(free.limits),
+        metrics={m: {"reset": k.reset} if k.reset else {"kind": k.kind} for m, k in PLANS.kinds.items()},
+        features={f: f in free.features for f in PLANS.features},
+    )
 
 
 def _memory_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -263,9 +304,13 @@ def acc() -> str:
 @pytest.fixture(params=["service", "memory"])
 def backend(request: pytest.FixtureRequest) -> Backend:
     if request.param == "memory":
-        return MemoryBackend(StallingService(FREE_LIMITS))
-    proxy = request.getfixturevalue("proxy")
-    return ServiceBackend(proxy, request.getfixturevalue("product_key"), request.getfixturevalue("conn"))
+        return MemoryBackend(free_plan_service())
+    return ServiceBackend(
+        request.getfixturevalue("proxy"),
+        request.getfixturevalue("product_key"),
+        request.getfixturevalue("conn"),
+        request.getfixturevalue("monkeypatch"),
+    )
 
 
 @pytest.fixture

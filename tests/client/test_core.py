@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from quota_client import ApiError, ConnectionFailedError, QuotaClient, ServerError
+from quota_client import (
+    ApiError,
+    ConflictError,
+    ConnectionFailedError,
+    MetricKindChangedError,
+    NotResettableError,
+    QuotaClient,
+    ServerError,
+)
 from quota_client._core import RetryPolicy
 
 
@@ -79,6 +87,22 @@ def test_unknown_fields_are_ignored_and_a_non_object_answer_is_an_error():
         with pytest.raises(ApiError) as e:
             quota.usage("acc-1", "urls")
     assert e.value.code == "invalid_response"
+    # A service from before metric kinds and features: every metric a monthly consumable.
+    urls = account.limits["urls"]
+    assert (urls.kind, urls.reset, urls.over_limit, account.features) == ("consumable", "month", False, {})
+
+
+@pytest.mark.parametrize(
+    ("code", "error"),
+    [("metric_kind_changed", MetricKindChangedError), ("not_resettable", NotResettableError)],
+)
+def test_the_plan_items_conflicts_have_their_own_errors(code, error):
+    def handler(request):
+        return httpx.Response(409, json={"error": code, "message": "no"})
+
+    with client_over(handler) as quota, pytest.raises(error) as e:
+        quota.take("acc-1", "seats")
+    assert isinstance(e.value, ConflictError) and (e.value.status, e.value.code) == (409, code)
 
 
 def test_a_slot_whose_take_could_not_be_sent_looks_for_nothing():

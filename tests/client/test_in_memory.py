@@ -1,7 +1,9 @@
-"""What only InMemoryQuota has: a month that can be moved on, admin actions and their misuse, one
-state shared by a sync and an async fake."""
+"""What only InMemoryQuota has: a clock that can be moved on, its plan items refused as the service
+refuses a plan file, admin actions and their misuse, one state shared by a sync and an async fake."""
 
 from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from quota_client.testing import AsyncInMemoryQuota, InMemoryQuota, InMemoryService
@@ -18,6 +20,35 @@ def test_a_new_month_starts_from_zero_and_closes_the_old_takes():
     assert quota.limits("acc-1")["urls"].resets_at == "2027-01-01T00:00:00Z"
 
 
+def test_the_clock_can_be_any_callable_and_must_be_aware():
+    at = [datetime(2026, 12, 31, 23, 0, tzinfo=UTC)]
+    service = InMemoryService({"exports": 1}, metrics={"exports": {"reset": "day"}}, clock=lambda: at[0])
+    quota = InMemoryQuota(service=service)
+    quota.ensure_account("acc-1")
+    assert quota.take("acc-1", "exports").period == "2026-12-31"
+    at[0] += timedelta(hours=2)
+    assert quota.take("acc-1", "exports").period == "2027-01-01"
+    assert service.period == "2027-01"
+    with pytest.raises(ValueError, match="aware"):
+        service.now = datetime(2027, 1, 2)
+
+
+@pytest.mark.parametrize(
+    ("metrics", "features", "refused"),
+    [
+        ({"bananas": {"kind": "allocation"}}, None, "metrics.bananas"),
+        ({"seats": {"kind": "allocation", "reset": "day"}}, None, "metrics.seats.reset"),
+        ({"seats": {"kind": "lease"}}, None, "metrics.seats.kind"),
+        ({"urls": {"reset": "week"}}, None, "metrics.urls.reset"),
+        ({"urls": {"every": "day"}}, None, "metrics.urls.every"),
+        (None, {"seats": True}, "also a metric"),
+    ],
+)
+def test_plan_items_are_refused_as_the_service_refuses_a_plan_file(metrics, features, refused):
+    with pytest.raises(ValueError, match=refused):
+        InMemoryQuota({"urls": 5, "seats": 1}, metrics=metrics, features=features)
+
+
 def test_admin_actions_refuse_what_the_service_would_not_know():
     quota = InMemoryQuota({"urls": 2})
     with pytest.raises(KeyError, match="ensure_account"):
@@ -29,8 +60,12 @@ def test_admin_actions_refuse_what_the_service_would_not_know():
     assert quota.limits("acc-1")["urls"].limit_source == "override"
     quota.clear_limit("acc-1", "urls")
     assert quota.limits("acc-1")["urls"].limit == 2
+    with pytest.raises(ValueError, match="unknown feature"):
+        quota.set_feature("acc-1", "sso", True)
     with pytest.raises(TypeError, match="limits"):
         InMemoryQuota()
+    with pytest.raises(TypeError, match="InMemoryService"):
+        InMemoryQuota(features={"sso": True}, service=quota.service)
 
 
 @pytest.mark.anyio

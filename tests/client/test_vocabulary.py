@@ -7,6 +7,7 @@ from __future__ import annotations
 from quota_client import testing
 
 from service import vocabulary as v
+from service.quota import periods
 
 
 def test_the_fakes_words_are_the_services() -> None:
@@ -16,3 +17,7 @@ def test_the_fakes_words_are_the_services() -> None:
     assert tuple(v.ReleaseReason) == testing.RELEASE_REASONS
     assert set(testing.LIMIT_SOURCES) <= set(v.LimitSource)  # the fake has no plans: no fallback
     assert testing.NO_SUBSCRIPTION == v.SubscriptionStatus.NONE
+    assert tuple(v.MetricKind) == testing.METRIC_KINDS
+    assert tuple(v.ResetInterval) == testing.RESETS
+    assert testing.HELD == periods.HELD
+    assert f"^{testing.USAGE_PERIOD.pattern}$" == periods.MONTH_OR_DAY_RE.pattern

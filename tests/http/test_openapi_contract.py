@@ -30,7 +30,19 @@ CONFIG = SchemathesisConfig.from_dict(
             # A valid request may meet state that refuses it, as the document says: 410 for an
             # account an earlier example deleted (409, for an exhausted quota, is in the defaults).
             "positive_data_acceptance": {"expected-statuses": ["2xx", "401", "403", "404", "409", "410"]},
-        }
+        },
+        "operations": [
+            {
+                # The check takes exactly one of `metric` and `feature`, which query parameters
+                # cannot say in OpenAPI 3.0: a valid-looking request that names both, or neither, is 422.
+                "include-path": "/v1/accounts/{id}/check",
+                "checks": {
+                    "positive_data_acceptance": {
+                        "expected-statuses": ["2xx", "401", "403", "404", "409", "410", "422"]
+                    }
+                },
+            }
+        ],
     }
 )
 
@@ -91,9 +103,12 @@ BODIES = {
     "TakeRequest": {"metric": "urls"},
     "OverridePut": {"limit": 5},
     "ResetRequest": {"metric": "urls"},
+    "FeaturePut": {"enabled": True},
 }
 QUERIES = {"metric": "urls", "period": "2020-01"}
-PATH = {"id": "acc-1", "metric": "urls", "take_id": "1", "inbox_id": "1"}
+# A valid query of an operation whose parameters are all optional but one of them is needed.
+ONE_OF_QUERIES = {"/v1/accounts/{id}/check": {"metric": "urls"}}
+PATH = {"id": "acc-1", "metric": "urls", "feature": "sso", "take_id": "1", "inbox_id": "1"}
 # (what changes, how): each state replaces path arguments, the body or the query of a valid request.
 STATES: list[tuple[str, dict[str, Any]]] = [
     ("valid", {}),
@@ -104,6 +119,8 @@ STATES: list[tuple[str, dict[str, Any]]] = [
     ("unknown take or event", {"path": {"take_id": "999999", "inbox_id": "999999"}}),
     ("unknown metric in the path", {"path": {"metric": "nope"}}),
     ("unknown metric in the body or query", {"body": {"metric": "nope"}, "query": {"metric": "nope"}}),
+    ("unknown feature in the path", {"path": {"feature": "nope"}}),
+    ("unknown feature in the query", {"query": {"metric": None, "feature": "nope"}}),
     ("a body that is not JSON", {"raw": b"not json"}),
     ("an unknown field", {"body": {"extra": 1}, "query": {"extra": "1"}}),
     ("an exhausted quota", {"path": {"id": "full"}}),
@@ -128,11 +145,13 @@ def _request(operation: dict[str, Any], path: str, state: dict[str, Any]) -> dic
     args = {**PATH, **state.get("path", {})}
     url = path.format(**args)
     query = {p["name"]: QUERIES[p["name"]] for p in operation.get("parameters", []) if p.get("required")}
+    query.update(ONE_OF_QUERIES.get(path, {}))
     body = None
     if "requestBody" in operation:
         name = operation["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
         body = {**BODIES[name], **state.get("body", {})}
     query.update(state.get("query", {}))
+    query = {k: v for k, v in query.items() if v is not None}
     data = state.get("raw") if body is not None and "raw" in state else json.dumps(body) if body else None
     return {"path": url, "query_string": query, "data": data}
 
@@ -190,6 +209,10 @@ def test_every_route_documents_what_it_answers(client: Any, keys: Any) -> None:
         ("post", "/v1/accounts/{id}/takes", 409),
         ("put", "/v1/accounts/{id}", 409),
         ("post", "/v1/takes/{take_id}/release", 404),
+        ("get", "/v1/accounts/{id}/check", 410),
+        ("get", "/v1/accounts/{id}/check", 404),
+        ("put", "/v1/admin/accounts/{id}/features/{feature}", 404),
+        ("delete", "/v1/admin/accounts/{id}/features/{feature}", 422),
     ]:
         assert needed in answered
 

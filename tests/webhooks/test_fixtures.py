@@ -10,6 +10,7 @@ import pytest
 from tests.webhooks.helpers import (
     CUSTOMER,
     STRIPE_ACCOUNT,
+    account,
     create_account,
     fixture,
     inbox,
@@ -251,6 +252,23 @@ def test_override_survives_webhooks(client: Any, keys: Any, acc: str) -> None:
     assert state(client, keys, acc) == ("pro", "canceled", 7, "override")
     client.delete(f"/v1/admin/accounts/{acc}/overrides/urls", headers=keys["admin"])
     assert state(client, keys, acc) == ("pro", "canceled", 50, "free_fallback")
+
+
+def test_features_follow_the_tier_and_an_override_survives_webhooks(client: Any, keys: Any, acc: str) -> None:
+    """A webhook changes tier and status only: the plan's features follow them, an override stays."""
+
+    def features() -> dict[str, tuple[bool, str]]:
+        view = account(client, keys, acc)["features"]
+        return {f: (s["enabled"], s["source"]) for f, s in view.items() if f in ("custom_domains", "sso")}
+
+    r = client.put(f"/v1/admin/accounts/{acc}/features/sso", json={"enabled": True}, headers=keys["admin"])
+    assert r.status_code == 200, r.json
+    post_stripe(client, fixture("stripe", "customer.subscription.updated"))
+    assert features() == {"custom_domains": (True, "plan"), "sso": (True, "override")}
+    post_stripe(client, fixture("stripe", "customer.subscription.deleted"))
+    assert features() == {"custom_domains": (False, "free_fallback"), "sso": (True, "override")}
+    client.delete(f"/v1/admin/accounts/{acc}/features/sso", headers=keys["admin"])
+    assert features() == {"custom_domains": (False, "free_fallback"), "sso": (False, "free_fallback")}
 
 
 def test_stripe_unknown_status_is_stored_failed_and_acknowledged(

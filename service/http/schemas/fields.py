@@ -54,6 +54,15 @@ class StrictInt(fields.Integer):
         return super()._deserialize(value, attr, data, **kwargs)
 
 
+class StrictBool(fields.Boolean):
+    """A JSON boolean only: no 1, "true" or "yes"."""
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> Any:
+        if not isinstance(value, bool):
+            raise ValidationError("Not a valid boolean.")
+        return value
+
+
 class Text(fields.String):
     """A string Postgres can store: JSON allows NUL characters and lone surrogates, text columns do not."""
 
@@ -71,6 +80,14 @@ class Text(fields.String):
 class Metric(Text):
     """A metric's name. Which names exist is the plan config's, read at run time: an unknown one is
     the domain's UnknownMetric (422 unknown_metric), and the document lists the config's as an enum."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(validate=validate.Length(min=1, max=64), **kwargs)
+
+
+class Feature(Text):
+    """A boolean feature's name: as Metric, the plan config's (UnknownFeature, 422 unknown_feature),
+    listed in the document as an enum."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(validate=validate.Length(min=1, max=64), **kwargs)

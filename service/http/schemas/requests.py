@@ -3,7 +3,9 @@ per-field messages for anything they refuse), and the webhook envelopes, for the
 
 from __future__ import annotations
 
-from marshmallow import INCLUDE, Schema, fields, validate
+from typing import Any
+
+from marshmallow import INCLUDE, Schema, ValidationError, fields, validate, validates_schema
 
 from service.http.inbound import MAX_BIGINT
 from service.http.schemas.fields import (
@@ -12,7 +14,9 @@ from service.http.schemas.fields import (
     LEDGER_PERIOD,
     MAX_UNITS,
     USAGE_PERIOD,
+    Feature,
     Metric,
+    StrictBool,
     StrictInt,
     Text,
     one_of,
@@ -38,6 +42,27 @@ class OverridePut(Schema):
         validate=validate.Range(min=0, max=MAX_BIGINT),
         metadata={"description": "null = unlimited"},
     )
+
+
+class FeaturePut(Schema):
+    enabled = StrictBool(required=True)
+
+
+class CheckQuery(Schema):
+    """Exactly one of `metric` (with `units`) and `feature`."""
+
+    metric = Metric()
+    units = fields.Integer(
+        validate=validate.Range(min=1, max=MAX_UNITS), metadata={"description": "with metric; default 1"}
+    )
+    feature = Feature()
+
+    @validates_schema
+    def _one_item(self, data: dict[str, Any], **kwargs: Any) -> None:
+        if ("metric" in data) == ("feature" in data):
+            raise ValidationError("name either a metric or a feature", "_schema")
+        if "feature" in data and "units" in data:
+            raise ValidationError("units applies to a metric", "units")
 
 
 class ResetRequest(Schema):
@@ -124,6 +149,8 @@ class RevenueCatDelivery(Schema):
 ACCOUNT_PUT = AccountPut()
 TAKE_REQUEST = TakeRequest()
 OVERRIDE_PUT = OverridePut()
+FEATURE_PUT = FeaturePut()
+CHECK_QUERY = CheckQuery()
 RESET_REQUEST = ResetRequest()
 USAGE_QUERY = UsageQuery()
 LEDGER_QUERY = LedgerQuery()

@@ -113,6 +113,24 @@ class OverrideChange(AdminMetricLimit):
     previous = fields.Nested(OverrideValue, allow_none=True, metadata={"description": "null: none was set"})
 
 
+class FeatureState(Flat):
+    """A boolean feature of an account and the rule that decided it: an admin override, the free plan's
+    features for a lapsed paid plan (free_fallback), else the plan's."""
+
+    enabled = fields.Boolean()
+    source = fields.String(validate=one_of(LimitSource))
+
+
+class AdminFeatureState(FeatureState):
+    override = fields.Boolean(allow_none=True, metadata={"description": "null: none set"})
+
+
+class FeatureOverrideChange(AdminFeatureState):
+    account_id = fields.String()
+    feature = fields.String()
+    previous = fields.Boolean(allow_none=True, metadata={"description": "null: none was set"})
+
+
 class Account(Schema):
     id = fields.String()
     kind = fields.String(validate=one_of(AccountKind))
@@ -120,17 +138,45 @@ class Account(Schema):
     subscription_status = fields.String(validate=one_of(SubscriptionStatus))
     deleted = fields.Boolean(metadata={"description": "soft-deleted by an admin: takes are refused (410)"})
     limits = fields.Dict(keys=fields.String(), values=fields.Nested(MetricLimit), attribute="by_metric")
+    features = fields.Dict(
+        keys=fields.String(),
+        values=fields.Nested(FeatureState),
+        attribute="by_feature",
+        metadata={"description": "every feature any plan names"},
+    )
 
 
 class AdminAccount(Account):
     stripe_customer_id = fields.String(allow_none=True)
     limits = fields.Dict(keys=fields.String(), values=fields.Nested(AdminMetricLimit), attribute="by_metric")
+    features = fields.Dict(
+        keys=fields.String(),
+        values=fields.Nested(AdminFeatureState),
+        attribute="by_feature",
+        metadata={"description": "every feature any plan names"},
+    )
 
 
 class TakeResponse(Counter):
     take_id = fields.Integer()
     metric = fields.String()
     units = fields.Integer()
+
+
+class MetricCheck(Counter):
+    """Whether a take of `units` would be granted now (a take alone enforces the limit)."""
+
+    allowed = fields.Boolean()
+    metric = fields.String()
+    units = fields.Integer()
+    period = fields.String(allow_none=True, metadata={"description": "null for an allocation"})
+    resets_at = fields.String(allow_none=True, metadata={"description": "null for an allocation"})
+
+
+class FeatureCheck(Flat):
+    allowed = fields.Boolean()
+    feature = fields.String()
+    source = fields.String(validate=one_of(LimitSource))
 
 
 class ReleaseResponse(TakeResponse):
@@ -291,6 +337,9 @@ def page(items: Sequence[Any], limit: int) -> dict[str, Any]:
 ACCOUNT = Account()
 ADMIN_ACCOUNT = AdminAccount()
 OVERRIDE_CHANGE = OverrideChange()
+FEATURE_OVERRIDE_CHANGE = FeatureOverrideChange()
+METRIC_CHECK = MetricCheck()
+FEATURE_CHECK = FeatureCheck()
 TAKE = TakeResponse()
 RELEASED = ReleaseResponse(exclude=("reason",))
 NOT_RELEASED = ReleaseResponse(only=("released", "reason", "take_id"))
