@@ -1,4 +1,4 @@
--- depends: 0021.row_rules_off_the_take_path
+-- depends: 0022.periods_of_every_kind
 -- Boolean features' sticky admin overrides (service/quota/features.py), one row per account and
 -- feature that an admin set; no row: the plan decides. A plan's features are the plan config's, never
 -- stored, so a tier change, a plan sync or a reset has nothing here to touch: an override survives

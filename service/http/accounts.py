@@ -13,6 +13,7 @@ from service.errors import (
     AccountDeleted,
     CustomerAlreadyLinked,
     IdempotencyKeyReused,
+    MetricKindChanged,
     QuotaExhausted,
     UnknownAccount,
     UnknownFeature,
@@ -80,7 +81,7 @@ def get_account(id: str) -> Response:
 
 @bp.get("/accounts/<id>/check")
 @require(*PRODUCT)
-@refuses(ValidationFailed, UnknownMetric, UnknownFeature, UnknownAccount, AccountDeleted)
+@refuses(ValidationFailed, UnknownMetric, UnknownFeature, UnknownAccount, AccountDeleted, MetricKindChanged)
 def get_check(id: str) -> Response:
     """Whether a take of `units` of `metric` would be granted now, or whether `feature` is on; writes nothing.
     ---
@@ -116,6 +117,7 @@ def get_check(id: str) -> Response:
     AccountDeleted,
     QuotaExhausted,
     IdempotencyKeyReused,
+    MetricKindChanged,
 )
 def post_take(id: str) -> tuple[Response, int]:
     """Take units of a monthly quota, atomically.

@@ -13,7 +13,7 @@ from service.errors import AccountDeleted, UnknownAccount
 from service.plans import PlanConfig
 from service.quota import periods
 from service.quota.accounts import ensure_quotas, require_metric
-from service.quota.takes import read_counter
+from service.quota.takes import read_counter, refuse_kind_change
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,10 +54,13 @@ def check_metric(
     if counter.deleted:
         raise AccountDeleted(f"account {account_id!r} was deleted")
     assert counter.period is not None and counter.used is not None  # ensure_quotas made every counter
-    # As the take: an earlier period is over (its rollover empties the counter); a later one (another
-    # server's clock opened it) is the one the take would count in.
-    used = 0 if counter.period < period else counter.used
-    period = max(counter.period, period)
+    refuse_kind_change(metric, counter, period)  # as the take
+    # As the take: an earlier period, or an empty one of another kind, is over (its rollover empties
+    # the counter); a later one (another server's clock opened it) is the one the take counts in.
+    if periods.same_kind(counter.period, period) and counter.period >= period:
+        used, period = counter.used, counter.period
+    else:
+        used = 0
     return MetricCheck(
         allowed=counter.limit is None or used + units <= counter.limit,
         metric=metric,
@@ -65,5 +68,5 @@ def check_metric(
         limit=counter.limit,
         used=used,
         limit_source=str(counter.limit_source),
-        period=None if period == periods.HELD else period,
+        period=periods.shown(period),
     )

@@ -214,15 +214,20 @@ def _refusal(conn: Connection, attempt: _Attempt) -> _Counter:
 
 def _change_kind(conn: Connection, attempt: _Attempt, counter: _Counter) -> None:
     """The counter is in a period of another kind than its metric's in the plan config now (month,
-    day, held): moved to the metric's period if it holds nothing, else MetricKindChanged (moving it
-    would clear or carry usage counted the old way; `convert-metric` does that knowingly)."""
-    if counter.used:
-        raise MetricKindChanged(
-            f"{attempt.metric}: the counter holds {counter.used} counted in period {counter.period}, "
-            f"but the plan config now counts this metric in periods like {attempt.period}; run "
-            f"`quota-ledger convert-metric {attempt.metric}`"
-        )
+    day, held): moved to the metric's period if it holds nothing, else MetricKindChanged."""
+    refuse_kind_change(attempt.metric, counter, attempt.period)
     roll_over(conn, account_id=attempt.account_id, metric=attempt.metric, period=attempt.period)
+
+
+def refuse_kind_change(metric: str, counter: _Counter, period: str) -> None:
+    """MetricKindChanged if the counter holds usage counted in a period of another kind than
+    `period`'s: moving it would clear or carry that usage (`convert-metric` does it knowingly)."""
+    if counter.used and counter.period is not None and not periods.same_kind(counter.period, period):
+        raise MetricKindChanged(
+            f"{metric}: the counter holds {counter.used} counted in period {counter.period}, "
+            f"but the plan config now counts this metric in periods like {period}; run "
+            f"`quota-ledger convert-metric {metric}`"
+        )
 
 
 def _create_counter(conn: Connection, plans: PlanConfig, attempt: _Attempt) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from service.errors import MetricKindChanged, NotResettable, QuotaExhausted
 from service.plans import parse_plans
-from service.quota import accounts, admin, chain, ledger, periods, reset, takes, usage
+from service.quota import accounts, admin, chain, check, ledger, periods, reset, takes, usage
 from tests.db.conftest import THREADS
 from tests.db.helpers import (
     assert_counter_matches_ledger,
@@ -268,6 +268,8 @@ def test_a_counter_holding_usage_of_the_old_kind_refuses_takes_and_moves_nothing
 
     with pytest.raises(MetricKindChanged):
         _take(conn, daily, account, "urls")
+    with pytest.raises(MetricKindChanged):  # the check answers as the take would
+        check.check_metric(conn, daily, account_id=account, metric="urls")
 
     assert ledger_rows(conn, account, "urls") == before
     assert counter(conn, account, "urls")["used"] == 2
@@ -279,6 +281,7 @@ def test_an_empty_counter_follows_its_metrics_new_kind(conn, plans):
     takes.release(conn, take_id=t.take_id, actor="t")
     held = _with_kinds(plans, {"seats": {"kind": "allocation"}, "urls": {"kind": "allocation"}})
 
+    assert check.check_metric(conn, held, account_id=account, metric="urls").period is None
     took = _take(conn, held, account, "urls")
 
     assert took.period is None and counter(conn, account, "urls")["period"] == periods.HELD

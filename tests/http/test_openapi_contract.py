@@ -33,15 +33,18 @@ CONFIG = SchemathesisConfig.from_dict(
         },
         "operations": [
             {
-                # The check takes exactly one of `metric` and `feature`, which query parameters
-                # cannot say in OpenAPI 3.0: a valid-looking request that names both, or neither, is 422.
-                "include-path": "/v1/accounts/{id}/check",
+                # Rules between query parameters that OpenAPI 3.0 cannot say, so a valid-looking
+                # request may be 422: the check takes exactly one of `metric` and `feature`; usage's
+                # `period` is of the metric's kind (a month, a day for a daily metric, none for an
+                # allocation).
+                "include-path": path,
                 "checks": {
                     "positive_data_acceptance": {
                         "expected-statuses": ["2xx", "401", "403", "404", "409", "410", "422"]
                     }
                 },
             }
+            for path in ("/v1/accounts/{id}/check", "/v1/accounts/{id}/usage")
         ],
     }
 )
