@@ -105,6 +105,19 @@ class PlanConfig:
             "free_plan": self.free_plan,
         }
 
+    @cached_property
+    def feature_table(self) -> dict[str, str]:
+        """Every plan's features, as query parameters for the statement that decides an account's
+        (features.sql `account_features`), made once as limit_table is: the plan names, and one
+        (plan, feature) pair per feature a plan lists."""
+        pairs = [(p.name, f) for p in self.plans.values() for f in p.features]
+        return {
+            "plans": array_literal(self.plans),
+            "plan_names": array_literal(p for p, _ in pairs),
+            "plan_features": array_literal(f for _, f in pairs),
+            "free_plan": self.free_plan,
+        }
+
     def plan_for_stripe_price(self, *keys: str | None) -> str | None:
         """The highest plan (listed last) that lists any of these price lookup keys or price ids."""
         for p in reversed(self.plans.values()):

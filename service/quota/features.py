@@ -14,9 +14,6 @@ from service.db import Connection, Q
 from service.errors import AccountDeleted, UnknownAccount, UnknownFeature
 from service.plans import PlanConfig, array_literal
 
-# The plans' features as query parameters, made once per plan config (as PlanConfig.limit_table).
-_PLAN_TABLES: dict[int, tuple[PlanConfig, dict[str, str]]] = {}
-
 
 @dataclass(frozen=True, kw_only=True)
 class FeatureView:
@@ -37,20 +34,6 @@ def require_feature(plans: PlanConfig, feature: str) -> None:
         raise UnknownFeature(f"unknown feature {feature!r}; known: {known}")
 
 
-def _plan_table(plans: PlanConfig) -> dict[str, str]:
-    cached = _PLAN_TABLES.get(id(plans))
-    if cached is None or cached[0] is not plans:
-        pairs = [(p.name, f) for p in plans.plans.values() for f in p.features]
-        table = {
-            "plans": array_literal(plans.plans),
-            "plan_names": array_literal(p for p, _ in pairs),
-            "plan_features": array_literal(f for _, f in pairs),
-            "free_plan": plans.free_plan,
-        }
-        cached = _PLAN_TABLES[id(plans)] = (plans, table)
-    return cached[1]
-
-
 def account_features(
     conn: Connection, plans: PlanConfig, *, account_id: str, features: tuple[str, ...] | None = None
 ) -> list[FeatureView]:
@@ -59,7 +42,7 @@ def account_features(
     params = {
         "account_id": account_id,
         "features": array_literal(plans.features if features is None else features),
-        **_plan_table(plans),
+        **plans.feature_table,
     }
     with conn.cursor(row_factory=class_row(FeatureView)) as cur:
         return cur.execute(Q.account_features, params).fetchall()
