@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tomllib
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,27 @@ def test_revenuecat_entitlement_wins_over_product():
     assert cfg.plan_for_revenuecat(["unknown"], None) is None
 
 
+def test_kinds_and_features():
+    plans = _parse(
+        'free_plan = "free"\n[metrics]\nseats = { kind = "allocation" }\napi_calls = { reset = "day" }\n'
+        "[plans.free]\nlimits = { urls = 5, seats = 1, api_calls = 3 }\n"
+        '[plans.pro]\nlimits = { urls = 50 }\nfeatures = ["sso", "api"]'
+    )
+    assert [(m, plans.metric(m).kind, plans.metric(m).reset) for m in plans.metrics] == [
+        ("api_calls", "consumable", "day"),
+        ("seats", "allocation", None),
+        ("urls", "consumable", "month"),
+    ]
+    at = datetime(2026, 12, 31, 23, 59, tzinfo=UTC)
+    assert [plans.period(m, at) for m in plans.metrics] == ["2026-12-31", "held", "2026-12"]
+    assert plans.features == ("api", "sso")
+    assert plans.has_feature("pro", "sso") and not plans.has_feature("free", "sso")
+    assert not plans.has_feature("unknown-plan", "sso")  # the free plan's
+
+
+_KINDS = 'free_plan = "free"\n[plans.free]\nlimits = { urls = 1, seats = 1 }\n[metrics]\n'
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -78,6 +100,16 @@ def test_revenuecat_entitlement_wins_over_product():
             'free_plan = "a"\n[plans.a]\nstripe_prices = ["p"]\n[plans.b]\nstripe_prices = ["p"]',
             "maps to both",
         ),
+        # [metrics] and features (issue: plan items)
+        (_KINDS + 'seats = { kind = "lease" }', "metrics.seats.kind"),
+        (_KINDS + 'urls = { reset = "week" }', "metrics.urls.reset"),
+        (_KINDS + 'seats = { kind = "allocation", reset = "month" }', "metrics.seats.reset"),
+        (_KINDS + 'storage = { kind = "allocation" }', "metrics.storage: no plan lists"),
+        (_KINDS + 'urls = { every = "day" }', "metrics.urls: unknown keys"),
+        (_KINDS + 'urls = "day"', "metrics.urls: expected a table"),
+        ('metrics = 5\nfree_plan = "free"\n[plans.free]\nlimits = {}', "metrics: expected a table"),
+        ('free_plan = "free"\n[plans.free]\nlimits = { urls = 1 }\nfeatures = ["urls"]', "also a metric"),
+        ('free_plan = "free"\n[plans.free]\nfeatures = "sso"', "plans.free.features"),
     ],
 )
 def test_invalid_configs_name_the_bad_entry(text, message):
