@@ -39,11 +39,12 @@ def get_account(id: str) -> Response:
 
 @dataclass(frozen=True)
 class _OverrideChange:
-    """What an override endpoint answers: the metric as it is now, and the override it replaced."""
+    """What an override endpoint answers: the metric (or feature) as it is now, and the override it
+    replaced."""
 
     account_id: str
-    previous: dict[str, object] | None
-    now: MetricView
+    previous: dict[str, object] | bool | None
+    now: MetricView | FeatureView
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.now, name)
@@ -94,23 +95,11 @@ def delete_override(id: str, metric: str) -> Response:
     return _after(id, metric, previous)
 
 
-@dataclass(frozen=True)
-class _FeatureChange:
-    """What a feature override endpoint answers: the feature as it is now, and the override it replaced."""
-
-    account_id: str
-    previous: bool | None
-    now: FeatureView
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.now, name)
-
-
 def _feature_after(id: str, feature: str, previous: bool | None) -> Response:
     rt = runtime()
     with rt.connection() as conn:
         [now] = features.account_features(conn, rt.plans, account_id=id, features=(feature,))
-    return jsonify(rs.FEATURE_OVERRIDE_CHANGE.dump(_FeatureChange(id, previous, now)))
+    return jsonify(rs.FEATURE_OVERRIDE_CHANGE.dump(_OverrideChange(id, previous, now)))
 
 
 @bp.put("/accounts/<id>/features/<feature>")

@@ -139,3 +139,19 @@ def test_check_metric_refusals(client, keys, account, conn, subtests):
             410,
             "account_deleted",
         )
+
+
+def test_each_metric_answers_in_the_period_a_take_counts_in(client, keys, account, plans):
+    """A monthly consumable's month, a daily one's day, an allocation's none (`period` and
+    `resets_at` null): whichever kinds tests/plans.toml gives its metrics."""
+    for metric in plans.metrics:
+        period = plans.period(metric)
+        answer = _check(client, keys, metric=metric)
+        if period == periods.HELD:
+            assert (answer["period"], answer["resets_at"]) == (None, None), metric
+        else:
+            assert (answer["period"], answer["resets_at"]) == (period, periods.resets_at(period)), metric
+        if answer["allowed"]:
+            granted = take(client, keys, metric=metric)
+            assert granted["used"] == answer["used"] + 1
+            assert _check(client, keys, metric=metric)["used"] == granted["used"]
