@@ -32,6 +32,8 @@ PATTERNS = {
     "quota_period": periods.MONTH_OR_DAY_RE.pattern,  # or HELD (checked below)
     "job_runs.period": periods.MONTH_OR_DAY_RE.pattern,
     "api_keys.name": r"^[A-Za-z0-9._:@-]{1,64}$",  # a key's name: the database's rule alone
+    # a feature's name: the plan config's, 1 to 64 characters as the schema's Feature field says
+    "account_features.feature": r"^.{1,64}$",
 }
 
 CHECKS = """
