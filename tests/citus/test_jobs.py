@@ -84,8 +84,8 @@ def test_two_runners_and_takes_reset_each_counter_once(conn: Any, db_url: str, p
         k: (1, used) for k, used in before.items() if used
     }
     rows = conn.execute("SELECT account_id, metric, period, used FROM quotas").fetchall()
-    state = {(a, m): (p, u) for a, m, p, u in rows}
-    assert {k: p for k, (p, _) in state.items()} == {k: P1 for k in before}
+    state = {(a, m): (p, u) for a, m, p, u in rows}  # the monthly metrics' (seed's), and the others'
+    assert {k: state[k][0] for k in before} == {k: P1 for k in before}
     assert all(state[k][1] == 0 for k in before if k not in taken)
     # Counters = ledger, as finance checks it, and every chain verifies.
     assert ledger.reconcile(conn, period=P1).ok
@@ -100,6 +100,7 @@ def test_two_runners_and_takes_reset_each_counter_once(conn: Any, db_url: str, p
 def test_plan_sync_dry_run_reads_every_shard(conn: Any, plans: Any) -> None:
     """The dry run locks nothing, so it runs on the cluster already; its batches are the apply's."""
     accounts = seed(conn, plans, accounts=12)
+    counters = set(conn.execute("SELECT account_id, metric FROM quotas").fetchall())  # every kind's
     richer = parse_plans(
         {
             "free_plan": "free",
@@ -110,14 +111,15 @@ def test_plan_sync_dry_run_reads_every_shard(conn: Any, plans: Any) -> None:
     seen: list[LimitChange] = []
     outcome = sync_plans(conn, richer, dry_run=True, batch_size=5, on_change=seen.append)
     assert outcome.status == "done" and outcome.accounts == len({a for a, _ in accounts})
-    assert {(c.account_id, c.metric) for c in seen} == set(accounts)
+    assert {(c.account_id, c.metric) for c in seen} == counters
     assert conn.execute("SELECT * FROM quotas ORDER BY account_id, metric").fetchall() == before
 
 
 def test_plan_sync_applies_by_shard(conn: Any, plans: Any) -> None:
     """The sync's own statements lock one shard's accounts per batch; its apply step changes limits
     through quota_set_plan_limits_batch, with an audit row each, overrides left alone."""
-    accounts = seed(conn, plans, accounts=12)
+    seed(conn, plans, accounts=12)
+    accounts = conn.execute("SELECT account_id, metric FROM quotas").fetchall()  # every kind's counters
     conn.execute("UPDATE quotas SET override_set = true, override_limit = 7 WHERE account_id = 'acc0001'")
     richer = parse_plans(
         {
