@@ -14,13 +14,18 @@ from service.vocabulary import ACCOUNT_ID_RULE
 
 
 def json_body(schema: Schema) -> dict[str, Any]:
+    return load(schema, json_object())
+
+
+def json_object() -> dict[str, Any]:
+    """The request's body, a JSON object (else InvalidJson), not yet validated."""
     try:
         data = request.get_json(silent=True, force=True) if request.get_data() else None
     except RecursionError:  # nested deeper than the parser goes; `silent` covers only ValueError
         data = None
     if not isinstance(data, dict):
         raise InvalidJson("the body must be a JSON object")
-    return load(schema, data)
+    return data
 
 
 def query_args(schema: Schema) -> dict[str, Any]:

@@ -16,10 +16,23 @@ SELECT a.deleted, q.period, q.used, q.lim AS "limit", q.limit_source
   LEFT JOIN quotas q ON q.account_id = a.id AND q.metric = %(metric)s
  WHERE a.id = %(account_id)s
 
+-- name: take_lines
+-- A multi-line take, one statement: ledger_take_lines (migrations/repeatable/ledger_writers.sql)
+-- grants every line (one row per line, in the order given) or none (no row back). Lines are
+-- parallel arrays: metrics (distinct), units, periods.
+SELECT take_id, metric, units, used, "limit", period AS counter_period, limit_source
+  FROM ledger_take_lines(%(account_id)s::text, %(metrics)s::text[], %(units)s::bigint[], %(periods)s::text[],
+                         %(idempotency_key)s::text, %(actor)s::text)
+
 -- name: take_by_key
+-- The take(s) an idempotency key names: a single take's row, or each line's of a multi-line take,
+-- in line order (take_line_key, migrations/repeatable/ledger_writers.sql). Off the hot path: read
+-- only after a take statement was refused or met the key.
 SELECT id AS take_id, metric, units, used_after AS used, lim AS "limit", period AS counter_period, limit_source
   FROM ledger
- WHERE account_id = %(account_id)s AND kind = 'take' AND idempotency_key = %(idempotency_key)s
+ WHERE account_id = %(account_id)s AND kind = 'take'
+   AND idempotency_key = ANY(take_line_keys(%(idempotency_key)s::text))
+ ORDER BY array_position(take_line_keys(%(idempotency_key)s::text), idempotency_key)
 
 -- name: roll_over
 -- Lazy rollover of one counter into `period`, with the ledger row of what it cleared
