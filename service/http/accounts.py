@@ -137,11 +137,12 @@ def post_take(id: str) -> tuple[Response, int]:
           content: {application/json: {schema: {oneOf: [TakeResponse, TakeLinesResponse]}}}
     """
     raw = json_object()
-    account = account_id(id)
+    # A body with `metric` too is refused by TakeLinesRequest (an unknown field), and `lines` by TakeRequest.
+    body = load(rq.TAKE_LINES_REQUEST if "lines" in raw else rq.TAKE_REQUEST, raw)
     rt = runtime()
     try:
-        if "lines" in raw:  # with `metric` too, TakeLinesRequest refuses it as an unknown field
-            body = load(rq.TAKE_LINES_REQUEST, raw)
+        account = account_id(id)
+        if "lines" in body:
             lines = [takes.Line(**line) for line in body.pop("lines")]
             with rt.connection() as conn:
                 granted = takes.take_lines(
@@ -149,7 +150,6 @@ def post_take(id: str) -> tuple[Response, int]:
                 )
             answer = rs.TAKE_LINES.dump({"takes": granted})
         else:
-            body = load(rq.TAKE_REQUEST, raw)
             with rt.connection() as conn:
                 granted = [takes.take(conn, rt.plans, account_id=account, actor=actor(), **body)]
             answer = rs.TAKE.dump(granted[0])
@@ -180,7 +180,8 @@ def post_take_batch() -> Response:
     valid: list[tuple[int, takes.TakeItem]] = []
     for i, item in enumerate(items):
         try:
-            valid.append((i, takes.TakeItem(**load(rq.TAKE_ITEM, item))))
+            fields = load(rq.TAKE_ITEM, item)
+            valid.append((i, takes.TakeItem(**{**fields, "account_id": account_id(fields["account_id"])})))
         except ValidationFailed as e:
             results[i] = e
     rt = runtime()

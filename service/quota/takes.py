@@ -99,6 +99,60 @@ class _Counter:
     limit_source: str | None
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Refused:
+    """A batch item's statement (take_or_refusal): granted, the take's numbers; refused, the counter
+    it met (`deleted` None: no such account), or nothing read (`counter_read` false: on Citus)."""
+
+    granted: bool
+    take_id: int | None
+    used: int | None
+    limit: int | None
+    counter_period: str | None
+    limit_source: str | None
+    deleted: bool | None
+    counter_read: bool = True
+
+    @classmethod
+    def of(cls, take: Take) -> _Refused:
+        """take_delegated's row: granted, or refused with nothing read (its row of NULLs)."""
+        granted = take.take_id is not None
+        return cls(
+            granted=granted,
+            take_id=take.take_id,
+            used=take.used,
+            limit=take.limit,
+            counter_period=take.counter_period,
+            limit_source=take.limit_source,
+            deleted=None,
+            counter_read=False,
+        )
+
+    @property
+    def counter(self) -> _Counter | None:
+        if self.deleted is None:
+            return None
+        return _Counter(
+            deleted=self.deleted,
+            period=self.counter_period,
+            used=self.used,
+            limit=self.limit,
+            limit_source=self.limit_source,
+        )
+
+    def take(self, attempt: _Attempt) -> Take:
+        assert self.take_id is not None and self.used is not None and self.counter_period is not None
+        return Take(
+            take_id=self.take_id,
+            metric=attempt.metric,
+            units=attempt.units,
+            used=self.used,
+            limit=self.limit,
+            counter_period=self.counter_period,
+            limit_source=str(self.limit_source),
+        )
+
+
 # A take that meets a counter to mend (not created yet, last month's, next month's) or a release
 # that freed room since the statement goes round again; more passes than that means the counter
 # keeps changing under it.
@@ -170,14 +224,18 @@ def _attempt(
     )
 
 
-def _after_refusal(conn: Connection, plans: PlanConfig, attempt: _Attempt) -> Take:
+def _after_refusal(
+    conn: Connection, plans: PlanConfig, attempt: _Attempt, seen: _Refused | None = None
+) -> Take:
     """A single take whose statement matched nothing: the original take of its key, or the counter
-    mended (`_mend`) and the statement again, or what the client must be told."""
+    mended (`_mend`) and the statement again, or what the client must be told. `seen`: the counter
+    as the refused statement met it, when it read it (take_or_refusal)."""
     for _ in range(MAX_PASSES):
         earlier = _replay(conn, attempt)
         if earlier is not None:
             return earlier
-        attempt, counter = _mend(conn, plans, attempt)
+        attempt, counter = _mend(conn, plans, attempt, seen)
+        seen = None
         granted = _take(conn, attempt)
         if granted is not None:
             return granted
@@ -185,12 +243,15 @@ def _after_refusal(conn: Connection, plans: PlanConfig, attempt: _Attempt) -> Ta
     raise _exhausted(attempt, counter, "the counter kept changing during the take; retry")
 
 
-def _mend(conn: Connection, plans: PlanConfig, attempt: _Attempt) -> tuple[_Attempt, _Counter]:
+def _mend(
+    conn: Connection, plans: PlanConfig, attempt: _Attempt, seen: _Refused | None = None
+) -> tuple[_Attempt, _Counter]:
     """Why a take's statement matched nothing, mended where a take may mend it: the counter created
     (with its plan's limits), rolled over into the attempt's period, or moved to the metric's kind.
     Raises what the client must be told (`_refusal`; MetricKindChanged). Returns the attempt to make
-    again (in the next period when another server's clock already opened it) and the counter seen."""
-    counter = _refusal(conn, attempt)
+    again (in the next period when another server's clock already opened it) and the counter seen.
+    `seen`: the counter read already (else it is read now)."""
+    counter = _refusal(conn, attempt) if seen is None else _judged(attempt, seen.counter)
     if counter.period is None:
         _create_counter(conn, plans, attempt)
     elif not periods.same_kind(counter.period, attempt.period):
@@ -298,15 +359,24 @@ def take_each(
             )
         except QuotaError as e:
             results[i] = e
-    query = Q.take_delegated if pending and on_citus(conn) else Q.take
-    answers = pipelined(conn, query, [vars(a) for _, a in pending], row_factory=class_row(Take))
+    if pending and on_citus(conn):  # the delegated call, alone: its refusal is read after the fact
+        delegated = pipelined(
+            conn, Q.take_delegated, [vars(a) for _, a in pending], row_factory=class_row(Take)
+        )
+        answers = [None if rows is None else [_Refused.of(row) for row in rows] for rows in delegated]
+    else:
+        answers = pipelined(
+            conn, Q.take_or_refusal, [vars(a) for _, a in pending], row_factory=class_row(_Refused)
+        )
     for (i, attempt), rows in zip(pending, answers, strict=True):
         try:
-            if rows is None:
+            if rows is None:  # the statement failed: a key met, or an error the single take will raise
                 results[i] = _take_alone(conn, plans, attempt)
+            elif rows and rows[0].granted:
+                results[i] = rows[0].take(attempt)
             else:
-                granted = _granted(rows[0] if rows else None)
-                results[i] = granted if granted is not None else _after_refusal(conn, plans, attempt)
+                seen = rows[0] if rows and rows[0].counter_read else None
+                results[i] = _after_refusal(conn, plans, attempt, seen)
         except QuotaError as e:
             results[i] = e
     return [r for r in results if r is not None]
@@ -390,7 +460,11 @@ def _refusal(conn: Connection, attempt: _Attempt) -> _Counter:
     """Why the take statement matched nothing. Raises what the client must be told (UnknownAccount,
     AccountDeleted, QuotaExhausted); returns the counter when the refusal is one to mend."""
     with conn.cursor(row_factory=class_row(_Counter)) as cur:
-        counter = cur.execute(Q.take_refusal, vars(attempt)).fetchone()
+        return _judged(attempt, cur.execute(Q.take_refusal, vars(attempt)).fetchone())
+
+
+def _judged(attempt: _Attempt, counter: _Counter | None) -> _Counter:
+    """`_refusal` of the counter read (None: no such account)."""
     if counter is None:
         raise UnknownAccount(f"unknown account {attempt.account_id!r}")
     if counter.deleted:

@@ -23,7 +23,7 @@ from service.http.schemas.fields import (
     one_of,
 )
 from service.quota.takes import MAX_LINES
-from service.vocabulary import AccountKind, InboxStatus, LedgerKind, Provider
+from service.vocabulary import ACCOUNT_ID_PATTERN, AccountKind, InboxStatus, LedgerKind, Provider
 
 # The most takes one batch request may carry.
 MAX_ITEMS = 1000
@@ -67,9 +67,10 @@ class TakeLinesRequest(Schema):
 
 
 class TakeItem(TakeRequest):
-    """One item of a batch: a single take's body and the account it takes from."""
+    """One item of a batch: a single take's body and the account it takes from (the single take's
+    path argument, checked as it is: an invalid one answers what a single take's path would)."""
 
-    account_id = fields.String(required=True, validate=ACCOUNT_ID)
+    account_id = fields.String(required=True, metadata={"pattern": ACCOUNT_ID_PATTERN})
 
 
 class TakeBatchRequest(Schema):
