@@ -274,10 +274,14 @@ def pipelined(
         with conn.pipeline() as pipeline:
             for each in params:
                 cur = conn.cursor(row_factory=row_factory)
-                cur.execute(query, each)
                 cursors.append(cur)
+                try:  # sending one statement also reads the results already back: an earlier one's error
+                    cur.execute(query, each)
+                except psycopg.Error:
+                    if conn.broken or conn.closed:
+                        raise
                 pipeline._enqueue_sync()
-    except psycopg.Error:
+    except psycopg.Error:  # an error read as the pipeline ends
         if conn.broken or conn.closed:
             raise
     return [cur.fetchall() if cur.pgresult is not None else None for cur in cursors]

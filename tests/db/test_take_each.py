@@ -80,3 +80,20 @@ def test_batches_over_the_same_accounts_from_many_connections_never_overshoot(co
     assert sum(isinstance(a, QuotaExhausted) for a in answers) == 24 * 10 - 150
     for account in accounts:
         assert assert_counter_matches_ledger(conn, account, "urls")["used"] == 15
+
+
+def test_a_thousand_items_with_refusals_and_replays_among_them(conn, plans):
+    """The batch's largest size, so that the pipeline's buffers fill while it is sent and results
+    (errors among them: keys met again) are read back before the last statement goes."""
+    accounts = [new_account(conn, plans) for _ in range(5)]
+    for account in accounts:
+        set_override(conn, account, "urls", 150)
+    items = [
+        TakeItem(account_id=accounts[i % 5], metric="urls", idempotency_key=f"k{i % 400}")
+        for i in range(1000)
+    ]
+    got = takes.take_each(conn, plans, items, actor="t")
+    assert len(got) == 1000
+    assert all(isinstance(r, takes.Take) for r in got)  # keys k0..k399: 400 takes, then their replays
+    assert sum(r.replayed for r in got if isinstance(r, takes.Take)) == 600
+    assert sorted(counter(conn, a, "urls")["used"] for a in accounts) == [80] * 5
