@@ -271,7 +271,6 @@ def take_lines(
     lines: Sequence[Line],
     idempotency_key: str | None = None,
     actor: str,
-    period: str | None = None,
 ) -> list[Take]:
     """Take every line or none: one take per line (each released on its own), in the order given.
     `lines` name distinct metrics, of any kinds (1 to MAX_LINES). Refused: QuotaExhausted whose
@@ -281,7 +280,7 @@ def take_lines(
     Each line's counter is made ready as a single take's is (`_mend`). Call on an autocommit
     connection: the grant is one statement (ledger_take_lines)."""
     attempts = [
-        _attempt(plans, account_id, line.metric, line.units, idempotency_key, actor, period) for line in lines
+        _attempt(plans, account_id, line.metric, line.units, idempotency_key, actor, None) for line in lines
     ]
     if not 1 <= len(attempts) <= MAX_LINES or len({a.metric for a in attempts}) < len(attempts):
         raise ValueError(f"a multi-line take names 1 to {MAX_LINES} distinct metrics")
@@ -338,36 +337,31 @@ def _replay_lines(conn: Connection, attempts: list[_Attempt]) -> list[Take] | No
 
 
 def take_each(
-    conn: Connection, plans: PlanConfig, items: Sequence[TakeItem], *, actor: str, period: str | None = None
+    conn: Connection, plans: PlanConfig, items: Sequence[TakeItem], *, actor: str
 ) -> list[Take | QuotaError]:
     """Each item exactly as `take` of it would answer (the take, or the domain error it would raise),
-    in item order; the items are independent (not atomic). Their take statements go to the database
-    in one round trip (`pipelined`: each its own transaction, as a single take's), and only the
-    items whose statement matched nothing go on to the single take's refusal path, one by one; an
-    item whose statement failed (its key met a concurrent take) is taken again as a single take."""
+    in item order; the items are independent (not atomic). Their statements go to the database in
+    one round trip (`pipelined`: each its own transaction, as a single take's); a statement refused
+    reads in itself the counter it met (take_or_refusal), which answers an exhausted item at once,
+    and an item to mend or replay goes on as a single take's refusal does, one by one. An item whose
+    statement failed (its key met an earlier take) is taken again as a single take."""
     results: list[Take | QuotaError | None] = [None] * len(items)
     pending: list[tuple[int, _Attempt]] = []
     for i, item in enumerate(items):
         try:
-            pending.append(
-                (
-                    i,
-                    _attempt(
-                        plans, item.account_id, item.metric, item.units, item.idempotency_key, actor, period
-                    ),
-                )
+            attempt = _attempt(
+                plans, item.account_id, item.metric, item.units, item.idempotency_key, actor, None
             )
         except QuotaError as e:
             results[i] = e
+            continue
+        pending.append((i, attempt))
+    params = [vars(attempt) for _, attempt in pending]
     if pending and on_citus(conn):  # the delegated call, alone: its refusal is read after the fact
-        delegated = pipelined(
-            conn, Q.take_delegated, [vars(a) for _, a in pending], row_factory=class_row(Take)
-        )
+        delegated = pipelined(conn, Q.take_delegated, params, row_factory=class_row(Take))
         answers = [None if rows is None else [_Refused.of(row) for row in rows] for rows in delegated]
     else:
-        answers = pipelined(
-            conn, Q.take_or_refusal, [vars(a) for _, a in pending], row_factory=class_row(_Refused)
-        )
+        answers = pipelined(conn, Q.take_or_refusal, params, row_factory=class_row(_Refused))
     for (i, attempt), rows in zip(pending, answers, strict=True):
         try:
             if rows is None:  # the statement failed: a key met, or an error the single take will raise
