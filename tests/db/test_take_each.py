@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from psycopg.rows import dict_row, tuple_row
 
 from service.db import pipelined
@@ -33,7 +34,10 @@ def test_nothing_to_send_sends_nothing(conn):
     assert pipelined(conn, "SELECT 1", [], row_factory=tuple_row) == []
 
 
-def test_each_item_is_answered_as_its_single_take(conn, plans):
+@pytest.mark.parametrize("delegated", [False, True], ids=["one PostgreSQL", "as on Citus"])
+def test_each_item_is_answered_as_its_single_take(conn, plans, monkeypatch, delegated):
+    """Also as on Citus, where the items send take_delegated (which one PostgreSQL has too)."""
+    monkeypatch.setattr(takes, "on_citus", lambda conn: delegated)
     a, b = new_account(conn, plans), new_account(conn, plans)
     set_override(conn, b, "urls", 2)
     items = [
@@ -52,7 +56,9 @@ def test_each_item_is_answered_as_its_single_take(conn, plans):
     first, exhausted, unknown, metric, again, reused, fits = got
     assert isinstance(first, takes.Take) and isinstance(again, takes.Take) and again.replayed
     assert again.take_id == first.take_id
-    assert isinstance(exhausted, QuotaExhausted) and exhausted.details["remaining"] == 2
+    # As the counter stood when the item was refused; on Citus, as it stands after the batch (the
+    # later item took the 2 left), as a single take's refusal is read after the fact.
+    assert isinstance(exhausted, QuotaExhausted) and exhausted.details["remaining"] == (0 if delegated else 2)
     assert isinstance(unknown, UnknownAccount) and isinstance(metric, UnknownMetric)
     assert isinstance(reused, IdempotencyKeyReused) and reused.details["take_id"] == first.take_id
     assert isinstance(fits, takes.Take) and fits.used == 2
@@ -97,3 +103,28 @@ def test_a_thousand_items_with_refusals_and_replays_among_them(conn, plans):
     assert all(isinstance(r, takes.Take) for r in got)  # keys k0..k399: 400 takes, then their replays
     assert sum(r.replayed for r in got if isinstance(r, takes.Take)) == 600
     assert sorted(counter(conn, a, "urls")["used"] for a in accounts) == [80] * 5
+
+
+def test_a_single_and_a_multi_line_take_racing_for_one_key_never_both_win(conn, plans, connect):
+    """The key's first row is the single take's and the multi-line take's alike, so the unique index
+    lets one of them through and the other meets it: replayed if it asked the same, else 409."""
+    account = new_account(conn, plans)
+    lines = [takes.Line(metric="urls", units=2), takes.Line(metric="seats")]
+    conns = connect(20)
+    multi = {id(c) for c in conns[::2]}
+
+    def one(c: Any) -> str:
+        try:
+            if id(c) in multi:
+                takes.take_lines(c, plans, account_id=account, lines=lines, idempotency_key="k", actor="t")
+                return "lines"
+            takes.take(c, plans, account_id=account, metric="seats", idempotency_key="k", actor="t")
+            return "single"
+        except IdempotencyKeyReused:
+            return "reused"
+
+    results = race(conns, one)
+    assert [r for r in results if isinstance(r, BaseException)] == []
+    assert set(results) in ({"lines", "reused"}, {"single", "reused"})
+    took = counter(conn, account, "urls")["used"], counter(conn, account, "seats")["used"]
+    assert took == ((2, 1) if "lines" in results else (0, 1))
