@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from service.errors import IdempotencyKeyReused, QuotaExhausted
-from service.quota import periods, takes
+from service.quota import chain, periods, takes
 from service.quota.takes import Line
 from tests.db.conftest import THREADS
 from tests.db.helpers import (
@@ -44,6 +44,7 @@ def test_every_line_is_taken_in_the_order_given_each_with_its_row(conn, plans):
     # One key names the three rows: the first line in metric order holds it, the others derive from it.
     keys = {r["metric"]: r["idempotency_key"] for r in ledger_rows(conn, account, kind="take")}
     assert keys == {"exports": "k1", "seats": "k1\x1f2", "urls": "k1\x1f3"}
+    assert chain.verify(conn).ok  # each row linked into its counter's chain
 
 
 def test_each_line_is_released_on_its_own(conn, plans):
@@ -162,6 +163,7 @@ def test_opposite_line_orders_under_concurrency_never_deadlock_nor_overshoot(con
     assert_counter_matches_ledger(conn, account, "urls")
     assert_counter_matches_ledger(conn, account, "exports")
     assert len(ledger_rows(conn, account, kind="take")) == 120
+    assert chain.verify(conn).ok
 
 
 def test_the_day_of_a_daily_line_is_the_take_s_period(conn, plans):
