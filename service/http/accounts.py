@@ -108,7 +108,11 @@ def get_check(id: str) -> Response:
     return jsonify(rs.METRIC_CHECK.dump(counter))
 
 
-TAKE_REFUSALS = (
+@bp.post("/accounts/<id>/takes")
+@require(*PRODUCT)
+@refuses(
+    InvalidJson,
+    ValidationFailed,
     UnknownMetric,
     UnknownAccount,
     AccountDeleted,
@@ -116,11 +120,6 @@ TAKE_REFUSALS = (
     IdempotencyKeyReused,
     MetricKindChanged,
 )
-
-
-@bp.post("/accounts/<id>/takes")
-@require(*PRODUCT)
-@refuses(InvalidJson, ValidationFailed, *TAKE_REFUSALS)
 def post_take(id: str) -> tuple[Response, int]:
     """Take units of a quota, atomically: one metric, or several lines all or none.
     ---
@@ -184,11 +183,12 @@ def post_take_batch() -> Response:
             valid.append((i, takes.TakeItem(**{**fields, "account_id": account_id(fields["account_id"])})))
         except ValidationFailed as e:
             results[i] = e
-    rt = runtime()
-    with rt.connection() as conn:
-        done = takes.take_each(conn, rt.plans, [item for _, item in valid], actor=actor())
-    for (i, _), result in zip(valid, done, strict=True):
-        results[i] = result
+    if valid:
+        rt = runtime()
+        with rt.connection() as conn:
+            done = takes.take_each(conn, rt.plans, [item for _, item in valid], actor=actor())
+        for (i, _), result in zip(valid, done, strict=True):
+            results[i] = result
     return jsonify({"results": [_item_result(r) for r in results if r is not None]})
 
 
