@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import select
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import RowFactory
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from service.config import Settings
@@ -254,6 +255,36 @@ def transaction(conn: Connection) -> Iterator[Connection]:
     """One explicit transaction on an autocommit connection; commits on exit, rolls back on error."""
     with conn.transaction():
         yield conn
+
+
+def pipelined(
+    conn: Connection, query: str, params: Sequence[Mapping[str, object]], *, row_factory: RowFactory[T]
+) -> list[list[T] | None]:
+    """Run `query` once per parameter set, each execution its own transaction as on an autocommit
+    connection, all sent in one round trip: psycopg's pipeline mode, with a Sync after each
+    statement. The rows of each, in order; None for one that raised, whose error is not kept (the
+    others go on: an error aborts a pipeline only up to its next Sync). The caller runs such a
+    statement again alone where it must know why. Raises only when the connection is lost.
+
+    psycopg syncs a pipeline in public only by waiting for every result so far (`Pipeline.sync`),
+    a round trip per statement; `_enqueue_sync` queues the Sync without waiting (psycopg 3.1 to
+    3.3; tests/db/test_take_each.py holds it to one transaction per statement)."""
+    cursors = []
+    try:
+        with conn.pipeline() as pipeline:
+            for each in params:
+                cur = conn.cursor(row_factory=row_factory)
+                cursors.append(cur)
+                try:  # sending one statement also reads the results already back: an earlier one's error
+                    cur.execute(query, each)
+                except psycopg.Error:
+                    if conn.broken or conn.closed:
+                        raise
+                pipeline._enqueue_sync()
+    except psycopg.Error:  # an error read as the pipeline ends
+        if conn.broken or conn.closed:
+            raise
+    return [cur.fetchall() if cur.pgresult is not None else None for cur in cursors]
 
 
 def try_advisory_xact_lock(conn: Connection, key: int) -> bool:

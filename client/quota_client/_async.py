@@ -4,20 +4,34 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
-from typing import ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 import httpx
 
 from quota_client import _core
-from quota_client._core import DEFAULT_TIMEOUT, Answer, Call, Exchange, OnReleaseError, Outcome, RetryPolicy
+from quota_client._core import (
+    DEFAULT_TIMEOUT,
+    Answer,
+    Call,
+    Exchange,
+    H,
+    Holding,
+    Lines,
+    OnReleaseError,
+    Outcome,
+    RetryPolicy,
+)
+from quota_client.errors import ApiError
 from quota_client.models import (
     Account,
+    BatchItem,
     FeatureCheck,
     MetricCheck,
     MetricLimit,
     ReleaseResult,
+    TakeLinesResult,
     TakeResult,
     Usage,
 )
@@ -93,14 +107,40 @@ class AsyncQuotaClient:
     ) -> TakeResult:
         return await self._run(self._ops.take(account_id, metric, units, idempotency_key))
 
+    async def take_lines(
+        self, account_id: str, lines: Lines, idempotency_key: str | None = None
+    ) -> TakeLinesResult:
+        return await self._run(self._ops.take_lines(account_id, lines, idempotency_key))
+
+    async def take_batch(self, items: Iterable[BatchItem]) -> list[TakeResult | ApiError]:
+        return await self._run(self._ops.take_batch(items))
+
     async def release(self, take: TakeResult | int) -> ReleaseResult:
         return await self._run(self._ops.release(take))
 
+    @overload
     def slot(
         self, account_id: str, metric: str, units: int = 1, *, on_release_error: OnReleaseError | None = None
-    ) -> AsyncSlot:
-        """`async with client.slot(...)`, or a decorator of coroutine functions; as QuotaClient.slot."""
-        return AsyncSlot(self, account_id, metric, units, on_release_error or self._on_release_error)
+    ) -> AsyncSlot[TakeResult]: ...
+
+    @overload
+    def slot(
+        self, account_id: str, *, lines: Lines, on_release_error: OnReleaseError | None = None
+    ) -> AsyncSlot[TakeLinesResult]: ...
+
+    def slot(
+        self,
+        account_id: str,
+        metric: str | None = None,
+        units: int = 1,
+        *,
+        lines: Lines | None = None,
+        on_release_error: OnReleaseError | None = None,
+    ) -> AsyncSlot[Any]:
+        """`async with client.slot(...)`, or a decorator of coroutine functions; as QuotaClient.slot
+        (one metric, or `lines`)."""
+        what = _core.holding(account_id, metric, units, lines)
+        return AsyncSlot(self, what, on_release_error or self._on_release_error)
 
     async def _run(self, exchange: Exchange[T]) -> T:
         step = next(exchange)
@@ -124,46 +164,37 @@ class AsyncQuotaClient:
         return _core.answer(r.status_code, r.headers, r.content)
 
 
-class AsyncSlot:
+class AsyncSlot(Generic[H]):
     """One use of `AsyncQuotaClient.slot`; see `Slot`."""
 
-    def __init__(
-        self,
-        client: AsyncQuotaClient,
-        account_id: str,
-        metric: str,
-        units: int,
-        on_release_error: OnReleaseError,
-    ) -> None:
-        self._client, self._account_id, self._metric, self._units = client, account_id, metric, units
-        self._on_release_error = on_release_error
-        self._take: TakeResult | None = None
+    def __init__(self, client: AsyncQuotaClient, what: Holding[H], on_release_error: OnReleaseError) -> None:
+        self._client, self._on_release_error = client, on_release_error
+        self._what: Holding[H] = what
+        self._held: H | None = None
 
-    async def __aenter__(self) -> TakeResult:
-        pending = _core.pending_take(self._account_id, self._metric, self._units)
-        self._take = None
+    async def __aenter__(self) -> H:
+        pending = self._what.pending()
+        self._held = None
         try:
-            self._take = _core.granted_or_raise(
-                await self._client.take(self._account_id, self._metric, self._units, pending.idempotency_key)
-            )
+            self._held = await self._client._run(self._what.take(self._client._ops, pending))
         except BaseException as error:
             if _core.may_hold(error):
-                await self._give_back(self._take or pending)
+                await self._give_back(self._held or pending)
             raise
-        return self._take
+        return self._held
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        take, self._take = self._take, None
-        if exc is not None and take is not None:
-            await self._give_back(take)
+        held, self._held = self._held, None
+        if exc is not None and held is not None:
+            await self._give_back(held)
 
-    async def _give_back(self, take: TakeResult) -> None:
-        """`_core.Operations.give_back` as a task of its own, awaited through asyncio.shield: a
+    async def _give_back(self, held: H) -> None:
+        """The holding's give-back as a task of its own, awaited through asyncio.shield: a
         cancellation (a timeout's included) stops the waiting, not the release."""
         task = asyncio.ensure_future(
-            self._client._run(self._client._ops.give_back(take, self._on_release_error))
+            self._client._run(self._what.give_back(self._client._ops, held, self._on_release_error))
         )
         _giving_back.add(task)  # the loop keeps only a weak reference to a task
         task.add_done_callback(_giving_back.discard)
@@ -172,9 +203,7 @@ class AsyncSlot:
     def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
         @functools.wraps(fn)
         async def held(*args: P.args, **kwargs: P.kwargs) -> R:
-            async with AsyncSlot(
-                self._client, self._account_id, self._metric, self._units, self._on_release_error
-            ):
+            async with AsyncSlot(self._client, self._what, self._on_release_error):
                 return await fn(*args, **kwargs)
 
         return held

@@ -12,21 +12,29 @@ import json
 import logging
 import random
 import uuid
-from collections.abc import Callable, Generator, Mapping
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import Callable, Generator, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
 import httpx
 
 from quota_client import models
-from quota_client.errors import ApiError, ConnectionFailedError, QuotaExceededError, api_error
+from quota_client.errors import (
+    ApiError,
+    ConnectionFailedError,
+    LinesExceededError,
+    QuotaExceededError,
+    api_error,
+)
 from quota_client.models import (
     Account,
+    BatchItem,
     FeatureCheck,
     MetricCheck,
     MetricLimit,
     ReleaseResult,
+    TakeLinesResult,
     TakeResult,
     Usage,
 )
@@ -36,6 +44,8 @@ log = logging.getLogger("quota_client")
 T = TypeVar("T")
 DEFAULT_TIMEOUT = 5.0  # seconds, for each of connect, write, read and pool wait
 OnReleaseError = Callable[[Exception, TakeResult], None]
+# The lines of a multi-line take: {metric: units}, or (metric, units) pairs, in the order wanted.
+Lines = Mapping[str, int] | Iterable[tuple[str, int]]
 
 
 @dataclass(frozen=True)
@@ -224,6 +234,34 @@ class Operations:
             ok(got), account_id=account_id, units=units, idempotency_key=key, replayed=got.status == 200
         )
 
+    def take_lines(
+        self, account_id: str, lines: Lines, idempotency_key: str | None = None
+    ) -> Exchange[TakeLinesResult]:
+        key = new_idempotency_key() if idempotency_key is None else idempotency_key
+        asked = line_pairs(lines)
+        body = {"lines": [{"metric": m, "units": u} for m, u in asked], "idempotency_key": key}
+        call = Call("POST", f"/v1/accounts/{segment(account_id)}/takes", json=body)
+        got = yield from send(call, self.policy)
+        if got.status == 409 and isinstance(got.body, dict) and got.body.get("error") == "quota_exhausted":
+            return models.refused_lines(got.body, account_id=account_id, lines=asked, idempotency_key=key)
+        return models.take_lines_result(
+            ok(got), account_id=account_id, lines=asked, idempotency_key=key, replayed=got.status == 200
+        )
+
+    def take_batch(self, items: Iterable[BatchItem]) -> Exchange[list[TakeResult | ApiError]]:
+        # Each item's key is made once, before the first attempt, as take's: a retried batch whose
+        # answer was lost gets each item's original take back instead of taking again.
+        keyed = [
+            item if item.idempotency_key is not None else replace(item, idempotency_key=new_idempotency_key())
+            for item in items
+        ]
+        body = {"items": [vars(item) for item in keyed]}
+        got = yield from send(Call("POST", "/v1/takes/batch", json=body), self.policy)
+        results = ok(got).get("results")
+        if not isinstance(results, list) or len(results) != len(keyed):
+            raise ApiError(got.status, "invalid_response", "the answer has not one result per item")
+        return [batch_result(item, result) for item, result in zip(keyed, results, strict=True)]
+
     def release(self, take: TakeResult | int) -> Exchange[ReleaseResult]:
         got = yield from send(Call("POST", release_path(take)), self.policy)
         return models.release_result(ok(got))
@@ -243,6 +281,48 @@ class Operations:
         except Exception as error:
             report_release_error(on_release_error, error, take)
 
+    def give_back_lines(self, taken: TakeLinesResult, on_release_error: OnReleaseError) -> Exchange[None]:
+        """`give_back` of a multi-line take: an unconfirmed one first learns its takes by taking
+        again with its key (the original takes, or taken now, or refused); then each line's take is
+        released on its own. Never raises: each failure goes to `on_release_error` with its take."""
+        if any(t.take_id is None for t in taken.takes):
+            try:
+                taken = yield from self.take_lines(taken.account_id, taken.lines, taken.idempotency_key)
+            except Exception as error:
+                for take in taken.takes:
+                    report_release_error(on_release_error, error, take)
+                return
+        for take in taken.takes:
+            try:
+                yield from self.release(take)
+            except Exception as error:
+                report_release_error(on_release_error, error, take)
+
+
+def line_pairs(lines: Lines) -> tuple[tuple[str, int], ...]:
+    """The lines as (metric, units) pairs, in order."""
+    pairs = lines.items() if isinstance(lines, Mapping) else lines
+    return tuple((str(m), int(u)) for m, u in pairs)
+
+
+def batch_result(item: BatchItem, result: Any) -> TakeResult | ApiError:
+    """One item's answer as its single take's: a TakeResult (granted, or refused as exhausted), or
+    the error a single take would raise, returned, not raised."""
+    if not isinstance(result, dict):
+        return ApiError(0, "invalid_response", "an item's result is not a JSON object")
+    status = result.get("status")
+    body = {k: v for k, v in result.items() if k != "status"}
+    key = str(item.idempotency_key)
+    if status in (200, 201):
+        return models.take_result(
+            body, account_id=item.account_id, units=item.units, idempotency_key=key, replayed=status == 200
+        )
+    if status == 409 and body.get("error") == "quota_exhausted":
+        return models.refused_take(
+            body, account_id=item.account_id, metric=item.metric, units=item.units, idempotency_key=key
+        )
+    return api_error(status if isinstance(status, int) else 0, body)
+
 
 def pending_take(account_id: str, metric: str, units: int) -> TakeResult:
     """A slot's take before it is sent, its idempotency key made: if the answer never arrives, the
@@ -252,12 +332,17 @@ def pending_take(account_id: str, metric: str, units: int) -> TakeResult:
     )
 
 
+def pending_lines(account_id: str, lines: tuple[tuple[str, int], ...]) -> TakeLinesResult:
+    """A slot's multi-line take before it is sent, its idempotency key made (see `pending_take`)."""
+    return models.unconfirmed_lines(account_id=account_id, lines=lines, idempotency_key=new_idempotency_key())
+
+
 def may_hold(error: BaseException) -> bool:
     """Whether a take that raised `error` may have been granted all the same: an interruption
     (cancellation, KeyboardInterrupt), a lost answer or a 5xx leaves the service's side unknown;
     an answer that refused it (4xx), an exhausted quota or a request that could not be sent at all
     (a malformed URL, which fails the first attempt as every other) does not."""
-    if isinstance(error, QuotaExceededError):
+    if isinstance(error, QuotaExceededError | LinesExceededError):
         return False
     if isinstance(error, ConnectionFailedError) and not isinstance(error.__cause__, RETRYABLE):
         return False
@@ -269,6 +354,78 @@ def granted_or_raise(take: TakeResult) -> TakeResult:
     if not take.granted:
         raise QuotaExceededError(take)
     return take
+
+
+def lines_granted_or_raise(result: TakeLinesResult) -> TakeLinesResult:
+    """What `slot` does with a multi-line take: a refusal becomes LinesExceededError."""
+    if not result.granted:
+        raise LinesExceededError(result)
+    return result
+
+
+H = TypeVar("H", TakeResult, TakeLinesResult)
+
+
+class Holding(Generic[H]):
+    """What a slot holds while its block runs, for the sync and the async slot alike: how to name it
+    before it is sent (`pending`, its idempotency key made), take it (granted, or raise the
+    refusal), and give it back."""
+
+    def pending(self) -> H:
+        raise NotImplementedError
+
+    def take(self, ops: Operations, pending: H) -> Exchange[H]:
+        raise NotImplementedError
+
+    def give_back(self, ops: Operations, held: H, on_release_error: OnReleaseError) -> Exchange[None]:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class OneTake(Holding[TakeResult]):
+    account_id: str
+    metric: str
+    units: int
+
+    def pending(self) -> TakeResult:
+        return pending_take(self.account_id, self.metric, self.units)
+
+    def take(self, ops: Operations, pending: TakeResult) -> Exchange[TakeResult]:
+        took = yield from ops.take(self.account_id, self.metric, self.units, pending.idempotency_key)
+        return granted_or_raise(took)
+
+    def give_back(
+        self, ops: Operations, held: TakeResult, on_release_error: OnReleaseError
+    ) -> Exchange[None]:
+        yield from ops.give_back(held, on_release_error)
+
+
+@dataclass(frozen=True)
+class LineTakes(Holding[TakeLinesResult]):
+    account_id: str
+    lines: tuple[tuple[str, int], ...]
+
+    def pending(self) -> TakeLinesResult:
+        return pending_lines(self.account_id, self.lines)
+
+    def take(self, ops: Operations, pending: TakeLinesResult) -> Exchange[TakeLinesResult]:
+        took = yield from ops.take_lines(self.account_id, self.lines, pending.idempotency_key)
+        return lines_granted_or_raise(took)
+
+    def give_back(
+        self, ops: Operations, held: TakeLinesResult, on_release_error: OnReleaseError
+    ) -> Exchange[None]:
+        yield from ops.give_back_lines(held, on_release_error)
+
+
+def holding(account_id: str, metric: str | None, units: int, lines: Lines | None) -> OneTake | LineTakes:
+    """What `slot` holds: one metric's take, or several lines' (exactly one of the two named)."""
+    if (metric is None) == (lines is None):
+        raise TypeError("slot() takes a metric, or lines, not both")
+    if lines is not None:
+        return LineTakes(account_id, line_pairs(lines))
+    assert metric is not None
+    return OneTake(account_id, metric, units)
 
 
 def log_release_error(error: Exception, take: TakeResult) -> None:

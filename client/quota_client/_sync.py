@@ -6,20 +6,34 @@ import contextvars
 import functools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 import httpx
 
 from quota_client import _core
-from quota_client._core import DEFAULT_TIMEOUT, Answer, Call, Exchange, OnReleaseError, Outcome, RetryPolicy
+from quota_client._core import (
+    DEFAULT_TIMEOUT,
+    Answer,
+    Call,
+    Exchange,
+    H,
+    Holding,
+    Lines,
+    OnReleaseError,
+    Outcome,
+    RetryPolicy,
+)
+from quota_client.errors import ApiError
 from quota_client.models import (
     Account,
+    BatchItem,
     FeatureCheck,
     MetricCheck,
     MetricLimit,
     ReleaseResult,
+    TakeLinesResult,
     TakeResult,
     Usage,
 )
@@ -116,28 +130,67 @@ class QuotaClient:
         once however many attempts it needed."""
         return self._run(self._ops.take(account_id, metric, units, idempotency_key))
 
+    def take_lines(
+        self, account_id: str, lines: Lines, idempotency_key: str | None = None
+    ) -> TakeLinesResult:
+        """Take every line or none: `lines` is {metric: units} (or (metric, units) pairs), 1-20
+        distinct metrics of any kinds. Granted: one TakeResult per line, in order, each released on
+        its own. An exhausted quota is a result with `granted=False` whose `short` names every line
+        that did not fit; nothing was taken. Other refusals are raised as by `take`; retries reuse
+        one idempotency key, which a single take may not share (ConflictError)."""
+        return self._run(self._ops.take_lines(account_id, lines, idempotency_key))
+
+    def take_batch(self, items: Iterable[BatchItem]) -> list[TakeResult | ApiError]:
+        """Many independent takes (1-1000, of any accounts) in one request, not atomic: per item, in
+        order, what `take` of it would give: a TakeResult (granted, or refused as exhausted), or the
+        error `take` would raise, returned here rather than raised. An item without a key gets one
+        made here, so a retried batch counts each item once. A body the service refuses whole (no
+        items, more than 1000) raises ValidationError."""
+        return self._run(self._ops.take_batch(items))
+
     def release(self, take: TakeResult | int) -> ReleaseResult:
         """Give a take's units back (a granted TakeResult or its take_id). Safe to repeat."""
         return self._run(self._ops.release(take))
 
+    @overload
     def slot(
         self, account_id: str, metric: str, units: int = 1, *, on_release_error: OnReleaseError | None = None
-    ) -> Slot:
+    ) -> Slot[TakeResult]: ...
+
+    @overload
+    def slot(
+        self, account_id: str, *, lines: Lines, on_release_error: OnReleaseError | None = None
+    ) -> Slot[TakeLinesResult]: ...
+
+    def slot(
+        self,
+        account_id: str,
+        metric: str | None = None,
+        units: int = 1,
+        *,
+        lines: Lines | None = None,
+        on_release_error: OnReleaseError | None = None,
+    ) -> Slot[Any]:
         """Take before a block (or a decorated function) and give back if it raises:
 
             with client.slot("acc-1", "urls"):
                 shorten(url)
 
-        Refused: QuotaExceededError, and the block does not run. The block raised: the take is
+            with client.slot("acc-1", lines={"campaigns": 1, "emails": 5000}):
+                send(campaign)
+
+        Refused: QuotaExceededError (several lines: LinesExceededError, naming every line that did
+        not fit), and the block does not run. The block raised: the take (each line's) is
         released and the block's exception propagates unchanged; a failed release goes to
         `on_release_error` (default: the client's, which logs at WARNING), never in its place.
         The take itself interrupted (KeyboardInterrupt, a timeout or cancellation, no answer, a
         5xx): the service may have granted it, so the slot finds it by its idempotency key and
         releases it before the exception goes on; if it cannot, `on_release_error` gets the take
-        with `take_id` None and its key. A second interrupt stops the waiting, not the release:
-        the release runs in a thread of its own (in a copy of the caller's contextvars), which
-        also calls `on_release_error`."""
-        return Slot(self, account_id, metric, units, on_release_error or self._on_release_error)
+        (each line's) with `take_id` None and its key. A second interrupt stops the waiting, not the
+        release: the release runs in a thread of its own (in a copy of the caller's contextvars),
+        which also calls `on_release_error`."""
+        what = _core.holding(account_id, metric, units, lines)
+        return Slot(self, what, on_release_error or self._on_release_error)
 
     def _run(self, exchange: Exchange[T]) -> T:
         step = next(exchange)
@@ -161,43 +214,40 @@ class QuotaClient:
         return _core.answer(r.status_code, r.headers, r.content)
 
 
-class Slot:
-    """One use of `QuotaClient.slot`: a context manager that yields the granted take, or a
-    decorator that holds a slot for each call. One `with` at a time per Slot object."""
+class Slot(Generic[H]):
+    """One use of `QuotaClient.slot`: a context manager that yields the granted take (a
+    TakeLinesResult for several lines), or a decorator that holds a slot for each call. One `with`
+    at a time per Slot object."""
 
-    def __init__(
-        self, client: QuotaClient, account_id: str, metric: str, units: int, on_release_error: OnReleaseError
-    ) -> None:
-        self._client, self._account_id, self._metric, self._units = client, account_id, metric, units
-        self._on_release_error = on_release_error
-        self._take: TakeResult | None = None
+    def __init__(self, client: QuotaClient, what: Holding[H], on_release_error: OnReleaseError) -> None:
+        self._client, self._on_release_error = client, on_release_error
+        self._what: Holding[H] = what
+        self._held: H | None = None
 
-    def __enter__(self) -> TakeResult:
-        pending = _core.pending_take(self._account_id, self._metric, self._units)
-        self._take = None
+    def __enter__(self) -> H:
+        pending = self._what.pending()
+        self._held = None
         try:
-            self._take = _core.granted_or_raise(
-                self._client.take(self._account_id, self._metric, self._units, pending.idempotency_key)
-            )
+            self._held = self._client._run(self._what.take(self._client._ops, pending))
         except BaseException as error:
             if _core.may_hold(error):
-                self._give_back(self._take or pending)
+                self._give_back(self._held or pending)
             raise
-        return self._take
+        return self._held
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        take, self._take = self._take, None
-        if exc is not None and take is not None:
-            self._give_back(take)
+        held, self._held = self._held, None
+        if exc is not None and held is not None:
+            self._give_back(held)
         # Returning None lets `exc` propagate as it was raised.
 
-    def _give_back(self, take: TakeResult) -> None:
-        """`_core.Operations.give_back` in a thread of its own, which this one waits for: a second
+    def _give_back(self, held: H) -> None:
+        """The holding's give-back in a thread of its own, which this one waits for: a second
         KeyboardInterrupt stops the waiting, not the release (the interpreter waits for the thread
         before it exits). The thread runs in a copy of this thread's context."""
-        give_back = self._client._ops.give_back(take, self._on_release_error)
+        give_back = self._what.give_back(self._client._ops, held, self._on_release_error)
         context = contextvars.copy_context()
         worker = threading.Thread(
             target=context.run, args=(self._client._run, give_back), name="quota-client-give-back"
@@ -209,7 +259,7 @@ class Slot:
         @functools.wraps(fn)
         def held(*args: P.args, **kwargs: P.kwargs) -> R:
             # A fresh Slot per call, so that concurrent calls of the function hold one take each.
-            with Slot(self._client, self._account_id, self._metric, self._units, self._on_release_error):
+            with Slot(self._client, self._what, self._on_release_error):
                 return fn(*args, **kwargs)
 
         return held

@@ -1,7 +1,8 @@
 """Errors the client raises. Each docstring says what it means; `code` is the service's error code.
 
-A refusal because the quota is exhausted is not here: `take` returns it as a result
-(`granted=False`), and only `slot` turns it into `QuotaExceededError`.
+A refusal because the quota is exhausted is not here: `take` and `take_lines` return it as a result
+(`granted=False`), and only `slot` turns it into `QuotaExceededError` (several lines:
+`LinesExceededError`).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from quota_client.models import TakeResult
+    from quota_client.models import LineShortfall, TakeLinesResult, TakeResult
 
 
 class QuotaClientError(Exception):
@@ -102,6 +103,20 @@ class QuotaExceededError(QuotaClientError):
     @property
     def remaining(self) -> int | None:
         return self.take.remaining
+
+
+class LinesExceededError(QuotaClientError):
+    """`slot` of several lines was refused: a quota is exhausted, and nothing was taken. `lines` names
+    every line that did not fit (metric, units, remaining, limit); `result` is the refused take."""
+
+    def __init__(self, result: TakeLinesResult) -> None:
+        short = ", ".join(f"{s.metric} ({s.units} asked, {s.remaining} remaining)" for s in result.short)
+        super().__init__(f"lines of {result.account_id} that would exceed their limits: {short}")
+        self.result = result
+
+    @property
+    def lines(self) -> tuple[LineShortfall, ...]:
+        return self.result.short
 
 
 _BY_CODE: dict[str, type[ApiError]] = {

@@ -33,6 +33,47 @@ class TakeResult:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LineShortfall:
+    """A line of a refused multi-line take that did not fit: its counter's `limit` (None = unlimited)
+    and what `remaining` of it."""
+
+    metric: str
+    units: int
+    remaining: int | None
+    limit: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TakeLinesResult:
+    """The outcome of a multi-line take: every line or none. Granted: `takes` holds one TakeResult per
+    line, in the order given (each released on its own). Refused because a quota is exhausted:
+    `granted` false, `reason` "exhausted", `takes` empty and `short` every line that did not fit.
+    `replayed`: the idempotency key returned the original takes. `lines` are the lines asked for,
+    (metric, units). A slot that never learned the takes' ids hands `on_release_error` one
+    unconfirmed TakeResult per line, keyed with this `idempotency_key`: `take_lines` with the same
+    key and lines returns the takes."""
+
+    granted: bool
+    account_id: str
+    lines: tuple[tuple[str, int], ...]
+    takes: tuple[TakeResult, ...]
+    idempotency_key: str
+    short: tuple[LineShortfall, ...] = ()
+    reason: Literal["exhausted"] | None = None
+    replayed: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchItem:
+    """One take of `take_batch`: what `take` takes, for any account."""
+
+    account_id: str
+    metric: str
+    units: int = 1
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class ReleaseResult:
     """The outcome of a release. `released` false says why in `reason`: "already_released" (also
     what a retried release whose first answer was lost gets: the units are back either way) or
@@ -181,6 +222,67 @@ def unconfirmed_take(*, account_id: str, metric: str, units: int, idempotency_ke
         remaining=None,
         limit_source=None,
         period=None,
+        idempotency_key=idempotency_key,
+    )
+
+
+def take_lines_result(
+    body: dict[str, Any],
+    *,
+    account_id: str,
+    lines: tuple[tuple[str, int], ...],
+    idempotency_key: str,
+    replayed: bool,
+) -> TakeLinesResult:
+    takes = tuple(
+        take_result(t, account_id=account_id, units=units, idempotency_key=idempotency_key, replayed=replayed)
+        for t, (_, units) in zip(body["takes"], lines, strict=True)
+    )
+    return TakeLinesResult(
+        granted=True,
+        account_id=account_id,
+        lines=lines,
+        takes=takes,
+        idempotency_key=idempotency_key,
+        replayed=replayed,
+    )
+
+
+def refused_lines(
+    body: dict[str, Any], *, account_id: str, lines: tuple[tuple[str, int], ...], idempotency_key: str
+) -> TakeLinesResult:
+    return TakeLinesResult(
+        granted=False,
+        reason="exhausted",
+        account_id=account_id,
+        lines=lines,
+        takes=(),
+        short=tuple(
+            LineShortfall(
+                metric=line["metric"],
+                units=int(line["units"]),
+                remaining=_int_or_none(line.get("remaining")),
+                limit=_int_or_none(line.get("limit")),
+            )
+            for line in body.get("lines") or []
+        ),
+        idempotency_key=idempotency_key,
+    )
+
+
+def unconfirmed_lines(
+    *, account_id: str, lines: tuple[tuple[str, int], ...], idempotency_key: str
+) -> TakeLinesResult:
+    """A multi-line take sent whose answer never arrived: granted for all the client knows, each line
+    an unconfirmed take (no `take_id`); `take_lines` with the same key and lines returns them."""
+    return TakeLinesResult(
+        granted=True,
+        account_id=account_id,
+        lines=lines,
+        takes=tuple(
+            unconfirmed_take(account_id=account_id, metric=m, units=u, idempotency_key=idempotency_key)
+            for m, u in lines
+        ),
         idempotency_key=idempotency_key,
     )
 

@@ -20,7 +20,8 @@
 through the client's own parsing, errors and `slot`. The service side keeps what the real one
 keeps for these calls: accounts, per-metric limits, counters of the three kinds of metric (consumed
 monthly, consumed daily, allocations held until released), boolean features and their overrides,
-checks, takes, releases, idempotency keys, exhaustion, and the same answers and error codes; the
+checks, takes (multi-line takes and batches too), releases, idempotency keys, exhaustion, and the
+same answers and error codes; the
 client's contract tests run against both. Time is the service's `clock`, which a test can set. Not
 kept: plans and billing (one plan for every account, so no lapse and no free-plan fallback), the
 ledger, admin resets, authentication (any key is accepted).
@@ -55,6 +56,9 @@ RESETS = MONTH, DAY = ("month", "day")
 USAGE_PERIOD = re.compile(r"[0-9]{4}-(0[1-9]|1[0-2])(-(0[1-9]|[12][0-9]|3[01]))?")
 HELD = "held"  # the period of an allocation's counter; the API shows it as null
 MAX_UNITS = 2**31 - 1
+MAX_LINES = 20  # of a multi-line take
+MAX_ITEMS = 1000  # of a batch
+LINE_SEPARATOR = "\x1f"  # no idempotency key may contain it (it separates a multi-line take's lines)
 BASE_URL = "http://quota.in-memory"
 
 Reply = tuple[int, dict[str, Any]]
@@ -177,7 +181,9 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
         self._accounts: dict[str, _Account] = {}
         self._used: dict[tuple[str, str, str], int] = {}
         self._takes: dict[int, _Take] = {}
-        self._keys: dict[tuple[str, str], int] = {}
+        # Each key's takes: one single take's, or a multi-line take's, in metric order (as the ledger
+        # keys them: the first line holds the key).
+        self._keys: dict[tuple[str, str], tuple[int, ...]] = {}
         self._failures: list[int] = []
         self.requests = 0  # every request that arrived, failed ones included
 
@@ -274,7 +280,12 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
             case "GET", ["v1", "accounts", account_id]:
                 return 200, self._view(_account_id(account_id))
             case "POST", ["v1", "accounts", account_id, "takes"]:
-                return self._take(account_id, _json_object(content))
+                body = _json_object(content)
+                if "lines" in body:
+                    return self._take_lines(account_id, body)
+                return self._take(account_id, body)
+            case "POST", ["v1", "takes", "batch"]:
+                return self._batch(_json_object(content))
             case "POST", ["v1", "takes", take_id, "release"] if take_id.isdigit():
                 return self._release(int(take_id))
             case "POST", ["v1", "accounts", account_id, "takes", take_id, "release"] if take_id.isdigit():
@@ -312,23 +323,15 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
             fields["metric"] = ["A string of 1-64 characters is required."]
         if isinstance(units, bool) or not isinstance(units, int) or not 1 <= units <= MAX_UNITS:
             fields["units"] = [f"An integer from 1 to {MAX_UNITS}."]
-        if key is not None and not (isinstance(key, str) and 1 <= len(key) <= 255):
-            fields["idempotency_key"] = ["Length must be between 1 and 255."]
+        _check_key(key, fields)
         if fields:
             raise _invalid(fields)
         _account_id(account_id)
         assert isinstance(metric, str) and isinstance(units, int)
         self._known_metric(metric)
         if key is not None and (account_id, key) in self._keys:
-            earlier = self._takes[self._keys[account_id, key]]
-            if (earlier.metric, earlier.units) != (metric, units):
-                raise _Refused(
-                    409,
-                    "idempotency_key_reused",
-                    "This idempotency key was already used for a different take on this account.",
-                    take_id=earlier.take_id,
-                )
-            return 200, earlier.answer
+            earlier = self._earlier(account_id, key, [(metric, units)])
+            return 200, earlier[0].answer
         account = self._live(account_id)
         period = self._current(metric)
         limit, source = self._limit(account, metric)
@@ -349,8 +352,78 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
         take.answer = {"take_id": take.take_id, **self._counter_json(account_id, metric), "units": units}
         self._takes[take.take_id] = take
         if key is not None:
-            self._keys[account_id, key] = take.take_id
+            self._keys[account_id, key] = (take.take_id,)
         return 201, take.answer
+
+    def _take_lines(self, account_id: str, body: dict[str, Any]) -> Reply:
+        _only(body, "lines", "idempotency_key")
+        lines, key = body.get("lines"), body.get("idempotency_key")
+        fields: dict[str, list[str]] = {}
+        asked = _lines(lines, fields)
+        _check_key(key, fields)
+        if fields:
+            raise _invalid(fields)
+        _account_id(account_id)
+        for metric, _ in asked:
+            self._known_metric(metric)
+        if key is not None and (account_id, key) in self._keys:
+            by_metric = {t.metric: t for t in self._earlier(account_id, key, asked)}
+            return 200, {"takes": [by_metric[m].answer for m, _ in asked]}
+        account = self._live(account_id)
+        short = []
+        for metric, units in asked:
+            limit, _ = self._limit(account, metric)
+            used = self._used.get((account_id, metric, self._current(metric)), 0)
+            if limit is not None and used + units > limit:
+                short.append(
+                    {"metric": metric, "units": units, "remaining": max(limit - used, 0), "limit": limit}
+                )
+        if short:
+            message = "; ".join(
+                f"{s['metric']}: {s['units']} more would exceed the limit of {s['limit']}" for s in short
+            )
+            raise _Refused(409, "quota_exhausted", message, lines=short)
+        taken = {}
+        for metric, units in asked:
+            period = self._current(metric)
+            self._used[account_id, metric, period] = self._used.get((account_id, metric, period), 0) + units
+            take = _Take(len(self._takes) + 1, account_id, metric, units, period)
+            take.answer = {"take_id": take.take_id, **self._counter_json(account_id, metric), "units": units}
+            self._takes[take.take_id] = taken[metric] = take
+        if key is not None:
+            self._keys[account_id, key] = tuple(taken[m].take_id for m in sorted(taken))
+        return 201, {"takes": [taken[m].answer for m, _ in asked]}
+
+    def _earlier(self, account_id: str, key: str, asked: list[tuple[str, int]]) -> list[_Take]:
+        """The takes of a key used before, if they are what `asked` asks again; else 409 reused."""
+        earlier = [self._takes[i] for i in self._keys[account_id, key]]
+        if sorted((t.metric, t.units) for t in earlier) != sorted(asked):
+            raise _Refused(
+                409,
+                "idempotency_key_reused",
+                "This idempotency key was already used for a different take on this account.",
+                take_id=earlier[0].take_id,
+            )
+        return earlier
+
+    def _batch(self, body: dict[str, Any]) -> Reply:
+        _only(body, "items")
+        items = body.get("items")
+        if not isinstance(items, list) or not 1 <= len(items) <= MAX_ITEMS:
+            raise _invalid({"items": [f"A list of 1 to {MAX_ITEMS} objects."]})
+        if not all(isinstance(item, dict) for item in items):
+            raise _invalid({"items": ["Not a valid mapping type."]})
+        results = []
+        for item in items:
+            try:
+                account_id = item.get("account_id")
+                if not isinstance(account_id, str):
+                    raise _invalid({"account_id": ["Missing data for required field."]})
+                status, answer = self._take(account_id, {k: v for k, v in item.items() if k != "account_id"})
+            except _Refused as refused:
+                status, answer = refused.reply
+            results.append({"status": status, **answer})
+        return 200, {"results": results}
 
     def _release(self, take_id: int, *, account_id: str | None = None) -> Reply:
         take = self._takes.get(take_id)
@@ -526,6 +599,35 @@ def _json_object(content: bytes) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise _Refused(400, "invalid_json", "the body must be a JSON object")
     return body
+
+
+def _check_key(key: Any, fields: dict[str, list[str]]) -> None:
+    if key is not None and not (isinstance(key, str) and 1 <= len(key) <= 255):
+        fields["idempotency_key"] = ["Length must be between 1 and 255."]
+    elif isinstance(key, str) and LINE_SEPARATOR in key:
+        fields["idempotency_key"] = ["Must not contain U+001F (it separates a multi-line take's lines)."]
+
+
+def _lines(lines: Any, fields: dict[str, list[str]]) -> list[tuple[str, int]]:
+    """A multi-line take's lines as (metric, units), or their faults in `fields`."""
+    if not isinstance(lines, list) or not 1 <= len(lines) <= MAX_LINES:
+        fields["lines"] = [f"Length must be between 1 and {MAX_LINES}."]
+        return []
+    asked = []
+    for i, line in enumerate(lines):
+        if not isinstance(line, dict) or set(line) - {"metric", "units"}:
+            fields[f"lines.{i}"] = ["A line is {metric, units?}."]
+            continue
+        metric, units = line.get("metric"), line.get("units", 1)
+        if not isinstance(metric, str) or not 1 <= len(metric) <= 64:
+            fields[f"lines.{i}.metric"] = ["A string of 1-64 characters is required."]
+        elif isinstance(units, bool) or not isinstance(units, int) or not 1 <= units <= MAX_UNITS:
+            fields[f"lines.{i}.units"] = [f"An integer from 1 to {MAX_UNITS}."]
+        else:
+            asked.append((metric, units))
+    if len({m for m, _ in asked}) < len(asked):
+        fields["lines"] = ["each line names a metric of its own"]
+    return asked
 
 
 def _only(body: dict[str, Any], *names: str) -> None:

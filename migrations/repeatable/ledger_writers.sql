@@ -82,6 +82,86 @@ SELECT e.id, e.metric, e.units::bigint, e.used_after::bigint, e.lim, e.period, e
 END
 $f$;
 
+-- The idempotency key of line p_line (1-based, in metric order) of a multi-line take keyed p_key:
+-- the first line's row holds the client's key itself, so that a single take and a multi-line take
+-- share one namespace (the unique index ledger_take_key refuses a second use of the key whatever
+-- its form); line n >= 2 holds the key, U+001F and n, which no client key contains (the API refuses
+-- U+001F in a key: service/http/schemas/fields.py). A take of one line is keyed as a single take.
+-- One key thus names the N rows of one multi-line take, and the single take's statement is unchanged.
+CREATE OR REPLACE FUNCTION take_line_key(p_key text, p_line integer) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN p_line = 1 THEN p_key ELSE p_key || chr(31) || p_line END
+$$;
+
+-- Every key take_line_key may give p_key, in line order (a multi-line take has at most 20 lines:
+-- service/quota/takes.py MAX_LINES): what a replay of the key looks up (takes.sql `takes_by_key`).
+CREATE OR REPLACE FUNCTION take_line_keys(p_key text) RETURNS text[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT array_agg(take_line_key(p_key, n) ORDER BY n) FROM generate_series(1, 20) AS n
+$$;
+
+-- A multi-line take (takes.sql `take_lines`): one statement that grants every line or none.
+-- p_metrics, p_units and p_periods are the lines, one element each, distinct metrics. `locked` locks
+-- the account's counters of those metrics in metric order (LockRows sits above the sort), whatever
+-- the order of the request, so two multi-line takes of one account never wait on each other in a
+-- cycle (a single take locks one row; the reset groups lock in (account, metric) order too); it
+-- reads each row's newest version, as a take's UPDATE re-checks it. `fits` is true only when every
+-- line's counter is there, in the line's period, not deleted and with room for it; the UPDATE then
+-- moves each counter and links its ledger row through ledger_link exactly as ledger_take does (the
+-- SET is evaluated on the row this statement holds locked), and the INSERT writes the rows, keyed by
+-- take_line_key. Else nothing changes and no row comes back; the caller asks each line why. A key
+-- already used makes the INSERT raise a unique violation, which undoes the whole statement. Every
+-- step names the account, so Citus routes it to the account's shard.
+CREATE OR REPLACE FUNCTION ledger_take_lines(
+    p_account_id text, p_metrics text[], p_units bigint[], p_periods text[], p_idempotency_key text,
+    p_actor text
+) RETURNS TABLE (take_id bigint, metric text, units bigint, used bigint, "limit" bigint, period text,
+                 limit_source text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $f$
+#variable_conflict use_column
+BEGIN
+RETURN QUERY
+WITH line AS MATERIALIZED (
+    SELECT l.metric, l.units, l.period, l.request_order,
+           row_number() OVER (ORDER BY l.metric COLLATE "C") AS line_no
+      FROM unnest(p_metrics, p_units, p_periods) WITH ORDINALITY AS l(metric, units, period, request_order)
+), locked AS MATERIALIZED (
+    SELECT q.metric, q.period, q.used, q.lim, q.account_deleted
+      FROM quotas q
+     WHERE q.account_id = p_account_id AND q.metric = ANY(p_metrics)
+     ORDER BY q.metric COLLATE "C"
+       FOR NO KEY UPDATE
+), fits AS MATERIALIZED (
+    SELECT count(*) = cardinality(p_metrics) AS every_line
+      FROM locked k JOIN line l ON l.metric = k.metric
+     WHERE k.period = l.period AND NOT k.account_deleted AND (k.lim IS NULL OR k.used + l.units <= k.lim)
+), granted AS (
+    UPDATE quotas q
+       SET used = q.used + l.units,
+           (chain_seq, chain_prev, chain_id, chain_at, chain_hash) = (
+               SELECT * FROM ledger_link(q.chain_seq, q.chain_hash, q.account_id, q.metric, q.period, 'take',
+                                         l.units, q.used + l.units, q.lim, NULL,
+                                         take_line_key(p_idempotency_key, l.line_no::integer), p_actor))
+      FROM line l, fits f
+     WHERE q.account_id = p_account_id AND q.metric = l.metric AND q.period = l.period AND f.every_line
+ RETURNING q.account_id, q.metric, q.period, q.used, q.lim, q.limit_source, q.chain_id, q.chain_at, q.chain_seq,
+           q.chain_prev, q.chain_hash, l.units, l.line_no, l.request_order
+), entry AS (
+    INSERT INTO ledger (id, at, seq, account_id, metric, period, kind, units, used_after, lim, limit_source,
+                        idempotency_key, actor, prev_hash, hash)
+    OVERRIDING SYSTEM VALUE
+    SELECT g.chain_id, g.chain_at, g.chain_seq, g.account_id, g.metric, g.period, 'take', g.units, g.used, g.lim,
+           g.limit_source, take_line_key(p_idempotency_key, g.line_no::integer), p_actor, g.chain_prev,
+           g.chain_hash
+      FROM granted g
+ RETURNING ledger.id, ledger.metric
+)
+SELECT e.id, g.metric, g.units::bigint, g.used::bigint, g.lim, g.period::text, g.limit_source
+  FROM entry e JOIN granted g ON g.metric = e.metric
+ ORDER BY g.request_order;
+END
+$f$;
+
 -- The lazy rollover of one counter into p_period (takes.sql `roll_over`), and the ledger row that
 -- records what it cleared: from an earlier period of the same kind, or from a period of another kind
 -- (month, day, held: service/quota/periods.py) when the metric's kind changed in the plan config
@@ -365,6 +445,9 @@ REVOKE INSERT ON audit_log FROM quota_app;
 -- ledger_link, ledger_open_link and audit_append the owner's alone.
 CALL set_function_grants(
     ARRAY['ledger_take(text, text, bigint, text, text, text)',
+          'ledger_take_lines(text, text[], bigint[], text[], text, text)',
+          'take_line_key(text, integer)',
+          'take_line_keys(text)',
           'ledger_roll_over(text, text, text, text)',
           'ledger_release(text, bigint, text, text)',
           'ledger_admin_reset(text, text, text, text)',

@@ -14,6 +14,7 @@ from service.errors import (
     CustomerAlreadyLinked,
     IdempotencyKeyReused,
     MetricKindChanged,
+    QuotaError,
     QuotaExhausted,
     UnknownAccount,
     UnknownFeature,
@@ -21,12 +22,12 @@ from service.errors import (
     UnknownTake,
 )
 from service.http.auth import actor, require
-from service.http.errors import InvalidJson, ValidationFailed, refuses
+from service.http.errors import InvalidJson, ValidationFailed, refusal_body, refuses
 from service.http.metrics import RELEASES, TAKE_OUTCOMES
 from service.http.runtime import runtime
 from service.http.schemas import requests as rq
 from service.http.schemas import responses as rs
-from service.http.validation import account_id, json_body, query_args
+from service.http.validation import account_id, json_body, json_object, load, query_args
 from service.quota import accounts, check, features, periods, takes, usage
 
 bp = Blueprint("accounts", __name__, url_prefix="/v1")
@@ -120,24 +121,85 @@ def get_check(id: str) -> Response:
     MetricKindChanged,
 )
 def post_take(id: str) -> tuple[Response, int]:
-    """Take units of a monthly quota, atomically.
+    """Take units of a quota, atomically: one metric, or several lines all or none.
     ---
     post:
-      requestBody: {required: true, content: {application/json: {schema: TakeRequest}}}
+      requestBody:
+        required: true
+        content: {application/json: {schema: {oneOf: [TakeRequest, TakeLinesRequest]}}}
       responses:
-        200: {description: the original take of this idempotency key, content: {application/json: {schema: TakeResponse}}}
-        201: {description: taken, content: {application/json: {schema: TakeResponse}}}
-    """  # noqa: E501
-    body = json_body(rq.TAKE_REQUEST)
+        200:
+          description: the original take (or takes, of lines) of this idempotency key
+          content: {application/json: {schema: {oneOf: [TakeResponse, TakeLinesResponse]}}}
+        201:
+          description: "taken: a TakeResponse for `metric`, a TakeLinesResponse for `lines`"
+          content: {application/json: {schema: {oneOf: [TakeResponse, TakeLinesResponse]}}}
+    """
+    raw = json_object()
+    # A body with `metric` too is refused by TakeLinesRequest (an unknown field), and `lines` by TakeRequest.
+    body = load(rq.TAKE_LINES_REQUEST if "lines" in raw else rq.TAKE_REQUEST, raw)
     rt = runtime()
     try:
-        with rt.connection() as conn:
-            granted = takes.take(conn, rt.plans, account_id=account_id(id), actor=actor(), **body)
+        account = account_id(id)
+        if "lines" in body:
+            lines = [takes.Line(**line) for line in body.pop("lines")]
+            with rt.connection() as conn:
+                granted = takes.take_lines(
+                    conn, rt.plans, account_id=account, lines=lines, actor=actor(), **body
+                )
+            answer = rs.TAKE_LINES.dump({"takes": granted})
+        else:
+            with rt.connection() as conn:
+                granted = [takes.take(conn, rt.plans, account_id=account, actor=actor(), **body)]
+            answer = rs.TAKE.dump(granted[0])
     except Exception as e:
         TAKE_OUTCOMES.labels(getattr(e, "code", "error")).inc()
         raise
-    TAKE_OUTCOMES.labels("replayed" if granted.replayed else "granted").inc()
-    return jsonify(rs.TAKE.dump(granted)), 200 if granted.replayed else 201
+    replayed = granted[0].replayed
+    TAKE_OUTCOMES.labels("replayed" if replayed else "granted").inc()
+    return jsonify(answer), 200 if replayed else 201
+
+
+@bp.post("/takes/batch")
+@require(*PRODUCT)
+@refuses(InvalidJson, ValidationFailed)
+def post_take_batch() -> Response:
+    """Many independent takes, of any accounts, in one request: each item answered as a single take.
+    ---
+    post:
+      requestBody: {required: true, content: {application/json: {schema: TakeBatchRequest}}}
+      responses:
+        200:
+          description: "one result per item, in item order: the status a single take would answer
+            and its body. Not atomic: each item is granted or refused on its own."
+          content: {application/json: {schema: TakeBatchResponse}}
+    """
+    items = json_body(rq.TAKE_BATCH_REQUEST)["items"]
+    results: list[takes.Take | QuotaError | ValidationFailed | None] = [None] * len(items)
+    valid: list[tuple[int, takes.TakeItem]] = []
+    for i, item in enumerate(items):
+        try:
+            fields = load(rq.TAKE_ITEM, item)
+            valid.append((i, takes.TakeItem(**{**fields, "account_id": account_id(fields["account_id"])})))
+        except ValidationFailed as e:
+            results[i] = e
+    if valid:
+        rt = runtime()
+        with rt.connection() as conn:
+            done = takes.take_each(conn, rt.plans, [item for _, item in valid], actor=actor())
+        for (i, _), result in zip(valid, done, strict=True):
+            results[i] = result
+    return jsonify({"results": [_item_result(r) for r in results if r is not None]})
+
+
+def _item_result(result: takes.Take | QuotaError | ValidationFailed) -> dict[str, object]:
+    """A batch item's result: the status and body a single take would answer (the one mapping of
+    errors to bodies: service/http/errors.py)."""
+    if isinstance(result, takes.Take):
+        TAKE_OUTCOMES.labels("replayed" if result.replayed else "granted").inc()
+        return {"status": 200 if result.replayed else 201, **rs.TAKE.dump(result)}
+    TAKE_OUTCOMES.labels(result.code).inc()
+    return {"status": result.status, **refusal_body(result)}
 
 
 @bp.post("/accounts/<id>/takes/<int:take_id>/release")

@@ -174,15 +174,25 @@ def error_table() -> list[ErrorCode]:
     return [ErrorCode(code, status, " ".join(m)) for (status, code), m in sorted(meanings.items())]
 
 
+def error_body(code: str, message: str, **details: Any) -> dict[str, Any]:
+    """The JSON body of every error answer (a batch's item results included)."""
+    return {"error": code, "message": message, **details}
+
+
+def refusal_body(e: Answer | errors.QuotaError) -> dict[str, Any]:
+    """What a refusal answers: its body (its status is `e.status`)."""
+    return error_body(e.code, e.message, **e.details)
+
+
 def error_response(status: int, code: str, message: str, **details: Any) -> tuple[Response, int]:
-    return jsonify({"error": code, "message": message, **details}), status
+    return jsonify(error_body(code, message, **details)), status
 
 
 def init_app(app: Flask) -> None:
     @app.errorhandler(Answer)
     @app.errorhandler(errors.QuotaError)
     def _refused(e: Answer | errors.QuotaError) -> tuple[Response, int]:
-        return error_response(e.status, e.code, e.message, **e.details)
+        return jsonify(refusal_body(e)), e.status
 
     @app.errorhandler(HTTPException)
     def _http(e: HTTPException) -> tuple[Response, int]:

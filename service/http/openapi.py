@@ -24,8 +24,9 @@ from service.errors import IdempotencyKeyReused, QuotaExhausted
 from service.http.errors import EVERY_ROUTE, Forbidden, NotFound, Refusal, Unauthorized, ValidationFailed
 from service.http.inbound import MAX_BIGINT
 from service.http.runtime import Runtime
+from service.http.schemas import requests as rq
 from service.http.schemas import responses as rs
-from service.http.schemas.fields import Feature, Metric, Text
+from service.http.schemas.fields import Feature, IdempotencyKey, Metric, Text
 from service.vocabulary import ACCOUNT_ID_PATTERN
 
 ROW_ID = {"type": "integer", "minimum": 0, "maximum": MAX_BIGINT}
@@ -114,7 +115,9 @@ def _field_rules(metrics: list[str], features: list[str]) -> Any:
 
     def field_rules(self: OpenAPIConverter, field: fields.Field[Any], **kwargs: Any) -> dict[str, Any]:
         rules: dict[str, Any] = {}
-        if isinstance(field, Text):
+        if isinstance(field, IdempotencyKey):
+            rules["pattern"] = "^[^\\u0000\\u001f]*$"
+        elif isinstance(field, Text):
             rules["pattern"] = "^[^\\u0000]*$"
         if isinstance(field, Metric):
             rules["enum"] = metrics
@@ -142,6 +145,9 @@ def build(app: Flask) -> dict[str, Any]:
     spec.components.security_scheme(
         "revenuecatAuthorization", {"type": "apiKey", "in": "header", "name": "Authorization"}
     )
+    # A batch's items are validated one by one (a bad one is its own 422 result), so the request's
+    # schema says only "objects"; what each should be is this component, named in its description.
+    spec.components.schema("TakeItem", schema=rq.TakeItem)
     by_name = _path_parameters(metrics, features)
     for rule in sorted(app.url_map.iter_rules(), key=lambda r: r.rule):
         if rule.endpoint == "static":

@@ -14,13 +14,18 @@ from service.vocabulary import ACCOUNT_ID_RULE
 
 
 def json_body(schema: Schema) -> dict[str, Any]:
+    return load(schema, json_object())
+
+
+def json_object() -> dict[str, Any]:
+    """The request's body, a JSON object (else InvalidJson), not yet validated."""
     try:
         data = request.get_json(silent=True, force=True) if request.get_data() else None
     except RecursionError:  # nested deeper than the parser goes; `silent` covers only ValueError
         data = None
     if not isinstance(data, dict):
         raise InvalidJson("the body must be a JSON object")
-    return load(schema, data)
+    return data
 
 
 def query_args(schema: Schema) -> dict[str, Any]:
@@ -31,8 +36,19 @@ def load(schema: Schema, data: dict[str, Any]) -> dict[str, Any]:
     try:
         loaded: dict[str, Any] = schema.load(data)
     except ValidationError as e:
-        raise ValidationFailed("the request is not valid", fields=e.messages) from None
+        raise ValidationFailed("the request is not valid", fields=_by_path(e.messages)) from None
     return loaded
+
+
+def _by_path(messages: Any, prefix: str = "") -> dict[str, list[str]]:
+    """The messages per field, a nested one's named by its path (`lines.0.units`), so that `fields`
+    keeps one shape: a list of messages per name."""
+    if not isinstance(messages, dict):
+        return {prefix.rstrip("."): list(messages) if isinstance(messages, list) else [str(messages)]}
+    out: dict[str, list[str]] = {}
+    for name, inner in messages.items():
+        out.update(_by_path(inner, f"{prefix}{name}."))
+    return out
 
 
 def account_id(value: str) -> str:

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import psycopg
 from psycopg.rows import class_row, dict_row
 
-from service.db import Connection, Q
+from service.db import Connection, Q, pipelined
 from service.errors import (
     AccountDeleted,
     IdempotencyKeyReused,
     MetricKindChanged,
+    QuotaError,
     QuotaExhausted,
     UnknownAccount,
     UnknownTake,
@@ -97,10 +99,84 @@ class _Counter:
     limit_source: str | None
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Refused:
+    """A batch item's statement (take_or_refusal): granted, the take's numbers; refused, the counter
+    it met (`deleted` None: no such account), or nothing read (`counter_read` false: on Citus)."""
+
+    granted: bool
+    take_id: int | None
+    used: int | None
+    limit: int | None
+    counter_period: str | None
+    limit_source: str | None
+    deleted: bool | None
+    counter_read: bool = True
+
+    @classmethod
+    def of(cls, take: Take) -> _Refused:
+        """take_delegated's row: granted, or refused with nothing read (its row of NULLs)."""
+        granted = take.take_id is not None
+        return cls(
+            granted=granted,
+            take_id=take.take_id,
+            used=take.used,
+            limit=take.limit,
+            counter_period=take.counter_period,
+            limit_source=take.limit_source,
+            deleted=None,
+            counter_read=False,
+        )
+
+    @property
+    def counter(self) -> _Counter | None:
+        if self.deleted is None:
+            return None
+        return _Counter(
+            deleted=self.deleted,
+            period=self.counter_period,
+            used=self.used,
+            limit=self.limit,
+            limit_source=self.limit_source,
+        )
+
+    def take(self, attempt: _Attempt) -> Take:
+        assert self.take_id is not None and self.used is not None and self.counter_period is not None
+        return Take(
+            take_id=self.take_id,
+            metric=attempt.metric,
+            units=attempt.units,
+            used=self.used,
+            limit=self.limit,
+            counter_period=self.counter_period,
+            limit_source=str(self.limit_source),
+        )
+
+
 # A take that meets a counter to mend (not created yet, last month's, next month's) or a release
 # that freed room since the statement goes round again; more passes than that means the counter
 # keeps changing under it.
 MAX_PASSES = 4
+# The most lines one multi-line take may have (take_line_keys in ledger_writers.sql knows as many).
+MAX_LINES = 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class Line:
+    """One line of a multi-line take: `units` of `metric`."""
+
+    metric: str
+    units: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class TakeItem:
+    """One take of a batch (`take_each`), as a single take names it."""
+
+    account_id: str
+    metric: str
+    units: int = 1
+    idempotency_key: str | None = None
 
 
 def take(
@@ -118,8 +194,27 @@ def take(
     AccountDeleted or UnknownMetric. With an idempotency key already used by this account, returns
     the original take and moves nothing. Call on an autocommit connection: the take is one statement,
     and everything after it runs only when it was refused."""
+    return _take_alone(
+        conn, plans, _attempt(plans, account_id, metric, units, idempotency_key, actor, period)
+    )
+
+
+def _take_alone(conn: Connection, plans: PlanConfig, attempt: _Attempt) -> Take:
+    granted = _take(conn, attempt)
+    return granted if granted is not None else _after_refusal(conn, plans, attempt)
+
+
+def _attempt(
+    plans: PlanConfig,
+    account_id: str,
+    metric: str,
+    units: int,
+    idempotency_key: str | None,
+    actor: str,
+    period: str | None,
+) -> _Attempt:
     require_metric(plans, metric)
-    attempt = _Attempt(
+    return _Attempt(
         account_id=account_id,
         metric=metric,
         units=units,
@@ -127,24 +222,158 @@ def take(
         idempotency_key=idempotency_key,
         actor=actor,
     )
+
+
+def _after_refusal(
+    conn: Connection, plans: PlanConfig, attempt: _Attempt, seen: _Refused | None = None
+) -> Take:
+    """A single take whose statement matched nothing: the original take of its key, or the counter
+    mended (`_mend`) and the statement again, or what the client must be told. `seen`: the counter
+    as the refused statement met it, when it read it (take_or_refusal)."""
     for _ in range(MAX_PASSES):
-        granted = _take(conn, attempt)
-        if granted is not None:
-            return granted
         earlier = _replay(conn, attempt)
         if earlier is not None:
             return earlier
-        counter = _refusal(conn, attempt)
-        if counter.period is None:
-            _create_counter(conn, plans, attempt)
-        elif not periods.same_kind(counter.period, attempt.period):
-            _change_kind(conn, attempt, counter)
-        elif counter.period < attempt.period:
-            roll_over(conn, account_id=attempt.account_id, metric=attempt.metric, period=attempt.period)
-        elif counter.period > attempt.period:  # another server's clock already opened the next period
-            attempt = replace(attempt, period=counter.period)
+        attempt, counter = _mend(conn, plans, attempt, seen)
+        seen = None
+        granted = _take(conn, attempt)
+        if granted is not None:
+            return granted
     # the counter kept changing (releases racing the diagnosis): refuse with the last state seen
     raise _exhausted(attempt, counter, "the counter kept changing during the take; retry")
+
+
+def _mend(
+    conn: Connection, plans: PlanConfig, attempt: _Attempt, seen: _Refused | None = None
+) -> tuple[_Attempt, _Counter]:
+    """Why a take's statement matched nothing, mended where a take may mend it: the counter created
+    (with its plan's limits), rolled over into the attempt's period, or moved to the metric's kind.
+    Raises what the client must be told (`_refusal`; MetricKindChanged). Returns the attempt to make
+    again (in the next period when another server's clock already opened it) and the counter seen.
+    `seen`: the counter read already (else it is read now)."""
+    counter = _refusal(conn, attempt) if seen is None else _judged(attempt, seen.counter)
+    if counter.period is None:
+        _create_counter(conn, plans, attempt)
+    elif not periods.same_kind(counter.period, attempt.period):
+        _change_kind(conn, attempt, counter)
+    elif counter.period < attempt.period:
+        roll_over(conn, account_id=attempt.account_id, metric=attempt.metric, period=attempt.period)
+    elif counter.period > attempt.period:  # another server's clock already opened the next period
+        attempt = replace(attempt, period=counter.period)
+    return attempt, counter
+
+
+def take_lines(
+    conn: Connection,
+    plans: PlanConfig,
+    *,
+    account_id: str,
+    lines: Sequence[Line],
+    idempotency_key: str | None = None,
+    actor: str,
+) -> list[Take]:
+    """Take every line or none: one take per line (each released on its own), in the order given.
+    `lines` name distinct metrics, of any kinds (1 to MAX_LINES). Refused: QuotaExhausted whose
+    `lines` names every line that did not fit, and nothing is taken; UnknownAccount, AccountDeleted,
+    UnknownMetric, MetricKindChanged as a single take. With an idempotency key already used by this
+    account for the same lines, returns the original takes; for anything else, IdempotencyKeyReused.
+    Each line's counter is made ready as a single take's is (`_mend`). Call on an autocommit
+    connection: the grant is one statement (ledger_take_lines)."""
+    attempts = [
+        _attempt(plans, account_id, line.metric, line.units, idempotency_key, actor, None) for line in lines
+    ]
+    if not 1 <= len(attempts) <= MAX_LINES or len({a.metric for a in attempts}) < len(attempts):
+        raise ValueError(f"a multi-line take names 1 to {MAX_LINES} distinct metrics")
+    short: list[tuple[_Attempt, QuotaExhausted]] = []
+    for _ in range(MAX_PASSES):
+        granted = _take_lines(conn, attempts)
+        if granted:
+            return granted
+        earlier = _replay_lines(conn, attempts)
+        if earlier is not None:
+            return earlier
+        short, mended = [], False
+        for i, attempt in enumerate(attempts):
+            try:
+                attempts[i], counter = _mend(conn, plans, attempt)
+            except QuotaExhausted as e:
+                short.append((attempt, e))
+                continue
+            mended = mended or counter.period != attempt.period
+        if short and not mended:  # every counter was in its period: these lines do not fit
+            break
+    raise _lines_exhausted(short)
+
+
+def _take_lines(conn: Connection, attempts: list[_Attempt]) -> list[Take]:
+    """The multi-line take's one statement: a take per line, in the order given, or none."""
+    first = attempts[0]
+    params = {
+        "account_id": first.account_id,
+        "metrics": [a.metric for a in attempts],
+        "units": [a.units for a in attempts],
+        "periods": [a.period for a in attempts],
+        "idempotency_key": first.idempotency_key,
+        "actor": first.actor,
+    }
+    try:
+        with conn.cursor(row_factory=class_row(Take)) as cur:
+            return cur.execute(Q.take_lines, params).fetchall()
+    except psycopg.errors.UniqueViolation:
+        return []  # a line's key was taken by an earlier (or concurrent, now committed) take
+
+
+def _replay_lines(conn: Connection, attempts: list[_Attempt]) -> list[Take] | None:
+    """The original takes of this key, in the order of these lines; IdempotencyKeyReused if the key
+    was used for other lines, or by a single take of other units."""
+    earlier = _by_key(conn, attempts[0])
+    if not earlier:
+        return None
+    asked = {a.metric: a.units for a in attempts}
+    if len(earlier) != len(attempts) or any(asked.get(t.metric) != t.units for t in earlier):
+        raise IdempotencyKeyReused(take_id=earlier[0].take_id)
+    by_metric = {t.metric: replace(t, replayed=True) for t in earlier}
+    return [by_metric[a.metric] for a in attempts]
+
+
+def take_each(
+    conn: Connection, plans: PlanConfig, items: Sequence[TakeItem], *, actor: str
+) -> list[Take | QuotaError]:
+    """Each item exactly as `take` of it would answer (the take, or the domain error it would raise),
+    in item order; the items are independent (not atomic). Their statements go to the database in
+    one round trip (`pipelined`: each its own transaction, as a single take's); a statement refused
+    reads in itself the counter it met (take_or_refusal), which answers an exhausted item at once,
+    and an item to mend or replay goes on as a single take's refusal does, one by one. An item whose
+    statement failed (its key met an earlier take) is taken again as a single take."""
+    results: list[Take | QuotaError | None] = [None] * len(items)
+    pending: list[tuple[int, _Attempt]] = []
+    for i, item in enumerate(items):
+        try:
+            attempt = _attempt(
+                plans, item.account_id, item.metric, item.units, item.idempotency_key, actor, None
+            )
+        except QuotaError as e:
+            results[i] = e
+            continue
+        pending.append((i, attempt))
+    params = [vars(attempt) for _, attempt in pending]
+    if pending and on_citus(conn):  # the delegated call, alone: its refusal is read after the fact
+        delegated = pipelined(conn, Q.take_delegated, params, row_factory=class_row(Take))
+        answers = [None if rows is None else [_Refused.of(row) for row in rows] for rows in delegated]
+    else:
+        answers = pipelined(conn, Q.take_or_refusal, params, row_factory=class_row(_Refused))
+    for (i, attempt), rows in zip(pending, answers, strict=True):
+        try:
+            if rows is None:  # the statement failed: a key met, or an error the single take will raise
+                results[i] = _take_alone(conn, plans, attempt)
+            elif rows and rows[0].granted:
+                results[i] = rows[0].take(attempt)
+            else:
+                seen = rows[0] if rows and rows[0].counter_read else None
+                results[i] = _after_refusal(conn, plans, attempt, seen)
+        except QuotaError as e:
+            results[i] = e
+    return [r for r in results if r is not None]
 
 
 def _take(conn: Connection, attempt: _Attempt) -> Take | None:
@@ -157,7 +386,12 @@ def _take(conn: Connection, attempt: _Attempt) -> Take | None:
             granted = cur.execute(Q.take_delegated if delegated else Q.take, vars(attempt)).fetchone()
     except psycopg.errors.UniqueViolation:
         return None  # the key was taken by an earlier (or concurrent, now committed) take
-    return None if granted is None or granted.take_id is None else granted
+    return _granted(granted)
+
+
+def _granted(row: Take | None) -> Take | None:
+    """A take statement's row as a granted take; None: refused (take_delegated's row of NULLs too)."""
+    return None if row is None or row.take_id is None else row
 
 
 # Per database (host, port, name): whether it is a Citus cluster, asked on its first take.
@@ -180,23 +414,51 @@ def on_citus(conn: Connection) -> bool:
 
 
 def _replay(conn: Connection, attempt: _Attempt) -> Take | None:
-    """The earlier take of this idempotency key, if any; IdempotencyKeyReused if it took other units."""
+    """The earlier take of this idempotency key, if any; IdempotencyKeyReused if it took other units,
+    or was a multi-line take of more than one line."""
+    earlier = _by_key(conn, attempt)
+    if not earlier:
+        return None
+    if len(earlier) > 1 or (earlier[0].metric, earlier[0].units) != (attempt.metric, attempt.units):
+        raise IdempotencyKeyReused(take_id=earlier[0].take_id)
+    return replace(earlier[0], replayed=True)
+
+
+def _by_key(conn: Connection, attempt: _Attempt) -> list[Take]:
+    """The takes of the attempt's idempotency key: one single take's, or each line's, in line order."""
     if attempt.idempotency_key is None:
-        return None
+        return []
     with conn.cursor(row_factory=class_row(Take)) as cur:
-        earlier = cur.execute(Q.take_by_key, vars(attempt)).fetchone()
-    if earlier is None:
-        return None
-    if (earlier.metric, earlier.units) != (attempt.metric, attempt.units):
-        raise IdempotencyKeyReused(take_id=earlier.take_id)
-    return replace(earlier, replayed=True)
+        return cur.execute(Q.take_by_key, vars(attempt)).fetchall()
+
+
+def _lines_exhausted(short: list[tuple[_Attempt, QuotaExhausted]]) -> QuotaExhausted:
+    """The refusal of a multi-line take: every line that did not fit, with its counter's numbers."""
+    if not short:  # the counters kept changing during the take
+        return QuotaExhausted("the counters kept changing during the take; retry", lines=[])
+    return QuotaExhausted(
+        "; ".join(e.message for _, e in short),
+        lines=[
+            {
+                "metric": a.metric,
+                "units": a.units,
+                "remaining": e.details["remaining"],
+                "limit": e.details["limit"],
+            }
+            for a, e in short
+        ],
+    )
 
 
 def _refusal(conn: Connection, attempt: _Attempt) -> _Counter:
     """Why the take statement matched nothing. Raises what the client must be told (UnknownAccount,
     AccountDeleted, QuotaExhausted); returns the counter when the refusal is one to mend."""
     with conn.cursor(row_factory=class_row(_Counter)) as cur:
-        counter = cur.execute(Q.take_refusal, vars(attempt)).fetchone()
+        return _judged(attempt, cur.execute(Q.take_refusal, vars(attempt)).fetchone())
+
+
+def _judged(attempt: _Attempt, counter: _Counter | None) -> _Counter:
+    """`_refusal` of the counter read (None: no such account)."""
     if counter is None:
         raise UnknownAccount(f"unknown account {attempt.account_id!r}")
     if counter.deleted:

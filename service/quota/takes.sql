@@ -9,6 +9,25 @@ SELECT take_id, metric, units, used, "limit", period AS counter_period, limit_so
   FROM ledger_take(%(account_id)s::text, %(metric)s::text, %(units)s::bigint, %(period)s::text,
                    %(idempotency_key)s::text, %(actor)s::text)
 
+-- name: take_or_refusal
+-- A batch item's take (takes.py take_each): the take statement, and when it matched nothing, the
+-- refusal read (take_refusal) in the same statement, so one round trip answers the item and the
+-- counter it reports is as it stood when the take was refused, not after the batch's later items.
+-- `granted` false with `deleted` NULL: no such account. The single take keeps `take` alone.
+WITH granted AS MATERIALIZED (
+    SELECT take_id, metric, units, used, "limit", period, limit_source
+      FROM ledger_take(%(account_id)s::text, %(metric)s::text, %(units)s::bigint, %(period)s::text,
+                       %(idempotency_key)s::text, %(actor)s::text)
+)
+SELECT true AS granted, take_id, used, "limit", period AS counter_period, limit_source, NULL::boolean AS deleted
+  FROM granted
+UNION ALL
+SELECT false, NULL, q.used, q.lim, q.period, q.limit_source, a.deleted
+  FROM (SELECT) AS one
+  LEFT JOIN accounts a ON a.id = %(account_id)s
+  LEFT JOIN quotas q ON q.account_id = a.id AND q.metric = %(metric)s
+ WHERE NOT EXISTS (SELECT FROM granted)
+
 -- name: take_refusal
 -- Why did `take` match nothing? Read after the fact; the caller retries where the answer allows.
 SELECT a.deleted, q.period, q.used, q.lim AS "limit", q.limit_source
@@ -16,10 +35,23 @@ SELECT a.deleted, q.period, q.used, q.lim AS "limit", q.limit_source
   LEFT JOIN quotas q ON q.account_id = a.id AND q.metric = %(metric)s
  WHERE a.id = %(account_id)s
 
+-- name: take_lines
+-- A multi-line take, one statement: ledger_take_lines (migrations/repeatable/ledger_writers.sql)
+-- grants every line (one row per line, in the order given) or none (no row back). Lines are
+-- parallel arrays: metrics (distinct), units, periods.
+SELECT take_id, metric, units, used, "limit", period AS counter_period, limit_source
+  FROM ledger_take_lines(%(account_id)s::text, %(metrics)s::text[], %(units)s::bigint[], %(periods)s::text[],
+                         %(idempotency_key)s::text, %(actor)s::text)
+
 -- name: take_by_key
+-- The take(s) an idempotency key names: a single take's row, or each line's of a multi-line take,
+-- in line order (take_line_key, migrations/repeatable/ledger_writers.sql). Off the hot path: read
+-- only after a take statement was refused or met the key.
 SELECT id AS take_id, metric, units, used_after AS used, lim AS "limit", period AS counter_period, limit_source
   FROM ledger
- WHERE account_id = %(account_id)s AND kind = 'take' AND idempotency_key = %(idempotency_key)s
+ WHERE account_id = %(account_id)s AND kind = 'take'
+   AND idempotency_key = ANY(take_line_keys(%(idempotency_key)s::text))
+ ORDER BY array_position(take_line_keys(%(idempotency_key)s::text), idempotency_key)
 
 -- name: roll_over
 -- Lazy rollover of one counter into `period`, with the ledger row of what it cleared

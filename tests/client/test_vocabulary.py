@@ -7,7 +7,8 @@ from __future__ import annotations
 from quota_client import testing
 
 from service import vocabulary as v
-from service.quota import periods
+from service.http.schemas import fields, requests
+from service.quota import periods, takes
 
 
 def test_the_fakes_words_are_the_services() -> None:
@@ -21,3 +22,6 @@ def test_the_fakes_words_are_the_services() -> None:
     assert tuple(v.ResetInterval) == testing.RESETS
     assert testing.HELD == periods.HELD
     assert f"^{testing.USAGE_PERIOD.pattern}$" == periods.MONTH_OR_DAY_RE.pattern
+    assert testing.MAX_LINES == takes.MAX_LINES
+    assert testing.MAX_ITEMS == requests.MAX_ITEMS
+    assert testing.LINE_SEPARATOR == fields.LINE_SEPARATOR

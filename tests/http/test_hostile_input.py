@@ -31,6 +31,46 @@ def test_json_nested_100000_deep_is_a_4xx(client, keys, account, conn, body):
     assert ledger_rows(conn, account) == []
 
 
+ITEM = {"account_id": "acc-1", "metric": "urls"}
+LINE = {"metric": "urls"}
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/takes/batch", {"items": [ITEM] * 10_000}),
+        ("/v1/takes/batch", {"items": [ITEM, {**ITEM, "units": 2**63}]}),
+        ("/v1/takes/batch", {"items": [[ITEM]]}),
+        ("/v1/takes/batch", {"items": [{"items": [ITEM]}]}),
+        ("/v1/takes/batch", {"items": []}),
+        ("/v1/accounts/acc-1/takes", {"lines": [{"lines": [LINE]}]}),
+        ("/v1/accounts/acc-1/takes", {"lines": [LINE, [LINE]]}),
+        ("/v1/accounts/acc-1/takes", {"lines": [LINE, LINE]}),
+        ("/v1/accounts/acc-1/takes", {"lines": [{"metric": "urls", "units": 10**30}]}),
+        ("/v1/accounts/acc-1/takes", {"lines": []}),
+        ("/v1/accounts/acc-1/takes", {"lines": [LINE] * 10_000}),
+        ("/v1/accounts/acc-1/takes", {"lines": [LINE], "metric": "urls"}),
+    ],
+    ids=[
+        "10000 items", "huge units in an item", "an item a list", "nested items", "0 items", "nested lines",
+        "a line a list", "duplicate metrics", "huge units in a line", "0 lines", "10000 lines",
+        "metric and lines",
+    ],
+)  # fmt: skip
+def test_a_hostile_bulk_body_is_a_4xx_and_changes_nothing(client, keys, account, conn, path, body):
+    """A batch's or a multi-line take's body the schema refuses takes nothing, not even its good
+    parts (a batch's items are refused one by one only once the body's shape is right)."""
+    r = client.post(path, json=body, headers=keys["product"])
+    if r.status_code == 200:  # a batch of the right shape: each bad item refused on its own
+        statuses = [item["status"] for item in r.json["results"]]
+        assert statuses[-1] == 422 and set(statuses) <= {201, 422}, r.json
+        assert counter(conn, account, "urls")["used"] == statuses.count(201)
+        return
+    assert 400 <= r.status_code < 500, r.get_data(as_text=True)[:300]
+    assert_error(r, r.status_code)
+    assert ledger_rows(conn, account) == []
+
+
 def test_non_ascii_digits_are_not_ids(client, keys, account, conn):
     t = take(client, keys)
     assert t["take_id"] == 1
@@ -133,6 +173,7 @@ ROUTES = [
     ("PUT", "/v1/accounts/{id}", "product"),
     ("GET", "/v1/accounts/{id}", "product"),
     ("POST", "/v1/accounts/{id}/takes", "product"),
+    ("POST", "/v1/takes/batch", "product"),
     ("POST", "/v1/takes/{n}/release", "product"),
     ("GET", "/v1/accounts/{id}/usage", "product"),
     ("GET", "/v1/admin/accounts/{id}", "admin"),
@@ -164,7 +205,19 @@ json_values = st.recursive(
 field_values = st.sampled_from(["urls", "seats", "user", "2026-01", "5", 1, None, -1, 2**63]) | json_values
 bodies = (
     st.dictionaries(
-        st.sampled_from(["metric", "units", "idempotency_key", "kind", "stripe_customer_id", "limit", "x"]),
+        st.sampled_from(
+            [
+                "metric",
+                "units",
+                "idempotency_key",
+                "kind",
+                "stripe_customer_id",
+                "limit",
+                "lines",
+                "items",
+                "x",
+            ]
+        ),
         field_values,
         max_size=4,
     ).map(lambda d: json.dumps(d).encode())

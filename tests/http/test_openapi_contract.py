@@ -33,10 +33,10 @@ CONFIG = SchemathesisConfig.from_dict(
         },
         "operations": [
             {
-                # Rules between query parameters that OpenAPI 3.0 cannot say, so a valid-looking
-                # request may be 422: the check takes exactly one of `metric` and `feature`; usage's
-                # `period` is of the metric's kind (a month, a day for a daily metric, none for an
-                # allocation).
+                # Rules between query parameters or fields that OpenAPI 3.0 cannot say, so a
+                # valid-looking request may be 422: the check takes exactly one of `metric` and
+                # `feature`; usage's `period` is of the metric's kind (a month, a day for a daily
+                # metric, none for an allocation); a multi-line take's lines name distinct metrics.
                 "include-path": path,
                 "checks": {
                     "positive_data_acceptance": {
@@ -44,7 +44,7 @@ CONFIG = SchemathesisConfig.from_dict(
                     }
                 },
             }
-            for path in ("/v1/accounts/{id}/check", "/v1/accounts/{id}/usage")
+            for path in ("/v1/accounts/{id}/check", "/v1/accounts/{id}/usage", "/v1/accounts/{id}/takes")
         ],
     }
 )
@@ -104,6 +104,7 @@ def test_the_service_keeps_its_document(app: Any, client: Any, keys: Any, subtes
 BODIES = {
     "AccountPut": {"kind": "user"},
     "TakeRequest": {"metric": "urls"},
+    "TakeBatchRequest": {"items": [{"account_id": "acc-1", "metric": "urls"}]},
     "OverridePut": {"limit": 5},
     "ResetRequest": {"metric": "urls"},
     "FeaturePut": {"enabled": True},
@@ -151,7 +152,9 @@ def _request(operation: dict[str, Any], path: str, state: dict[str, Any]) -> dic
     query.update(ONE_OF_QUERIES.get(path, {}))
     body = None
     if "requestBody" in operation:
-        name = operation["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+        schema = operation["requestBody"]["content"]["application/json"]["schema"]
+        # A body of several forms (a take: one metric, or lines) is sent in its first form.
+        name = schema.get("oneOf", [schema])[0]["$ref"].rsplit("/", 1)[1]
         body = {**BODIES[name], **state.get("body", {})}
     query.update(state.get("query", {}))
     query = {k: v for k, v in query.items() if v is not None}

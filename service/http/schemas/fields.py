@@ -77,6 +77,23 @@ class Text(fields.String):
         return text
 
 
+class IdempotencyKey(Text):
+    """A client's idempotency key: 1-255 characters, none of them U+001F, which separates the keys of a
+    multi-line take's lines (take_line_key, migrations/repeatable/ledger_writers.sql)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(validate=validate.Length(min=1, max=255), **kwargs)
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> Any:
+        key = super()._deserialize(value, attr, data, **kwargs)
+        if LINE_SEPARATOR in key:
+            raise ValidationError("Must not contain U+001F (it separates a multi-line take's lines).")
+        return key
+
+
+LINE_SEPARATOR = "\x1f"
+
+
 class Metric(Text):
     """A metric's name. Which names exist is the plan config's, read at run time: an unknown one is
     the domain's UnknownMetric (422 unknown_metric), and the document lists the config's as an enum."""

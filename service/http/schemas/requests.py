@@ -15,13 +15,18 @@ from service.http.schemas.fields import (
     MAX_UNITS,
     USAGE_PERIOD,
     Feature,
+    IdempotencyKey,
     Metric,
     StrictBool,
     StrictInt,
     Text,
     one_of,
 )
-from service.vocabulary import AccountKind, InboxStatus, LedgerKind, Provider
+from service.quota.takes import MAX_LINES
+from service.vocabulary import ACCOUNT_ID_PATTERN, AccountKind, InboxStatus, LedgerKind, Provider
+
+# The most takes one batch request may carry.
+MAX_ITEMS = 1000
 
 
 class AccountPut(Schema):
@@ -29,10 +34,55 @@ class AccountPut(Schema):
     stripe_customer_id = Text(validate=validate.Length(min=1, max=255), allow_none=True)
 
 
-class TakeRequest(Schema):
+class TakeLine(Schema):
     metric = Metric(required=True)
     units = StrictInt(load_default=1, validate=validate.Range(min=1, max=MAX_UNITS))
-    idempotency_key = Text(validate=validate.Length(min=1, max=255), allow_none=True)
+
+
+class TakeRequest(TakeLine):
+    """A take of one metric; TakeLinesRequest takes several at once."""
+
+    idempotency_key = IdempotencyKey(allow_none=True)
+
+
+class TakeLinesRequest(Schema):
+    """A multi-line take: every line is granted, or none. Distinct metrics, of any kinds."""
+
+    lines = fields.List(
+        fields.Nested(TakeLine),
+        required=True,
+        validate=validate.Length(min=1, max=MAX_LINES),
+        metadata={"description": f"1-{MAX_LINES} lines, each naming a metric of its own"},
+    )
+    idempotency_key = IdempotencyKey(
+        allow_none=True,
+        metadata={"description": "one key for the whole take, in the same namespace as single takes' keys"},
+    )
+
+    @validates_schema
+    def _distinct(self, data: dict[str, Any], **kwargs: Any) -> None:
+        metrics = [line["metric"] for line in data.get("lines", [])]
+        if len(set(metrics)) < len(metrics):
+            raise ValidationError("each line names a metric of its own", "lines")
+
+
+class TakeItem(TakeRequest):
+    """One item of a batch: a single take's body and the account it takes from (the single take's
+    path argument, checked as it is: an invalid one answers what a single take's path would)."""
+
+    account_id = fields.String(required=True, metadata={"pattern": ACCOUNT_ID_PATTERN})
+
+
+class TakeBatchRequest(Schema):
+    items = fields.List(
+        fields.Dict(),
+        required=True,
+        validate=validate.Length(min=1, max=MAX_ITEMS),
+        metadata={
+            "description": f"1-{MAX_ITEMS} objects, each a TakeItem: each validated on its own, a bad "
+            "one answered 422 in its result while the others go on"
+        },
+    )
 
 
 class OverridePut(Schema):
@@ -148,6 +198,9 @@ class RevenueCatDelivery(Schema):
 # and load() keeps no state on the instance.
 ACCOUNT_PUT = AccountPut()
 TAKE_REQUEST = TakeRequest()
+TAKE_LINES_REQUEST = TakeLinesRequest()
+TAKE_ITEM = TakeItem()
+TAKE_BATCH_REQUEST = TakeBatchRequest()
 OVERRIDE_PUT = OverridePut()
 FEATURE_PUT = FeaturePut()
 CHECK_QUERY = CheckQuery()

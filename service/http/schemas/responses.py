@@ -81,10 +81,24 @@ class InvalidRequest(Error):
     )
 
 
+class LineShortfall(Schema):
+    """A line of a multi-line take that did not fit: its counter's limit and what remained of it."""
+
+    metric = fields.String()
+    units = fields.Integer()
+    remaining = fields.Integer(allow_none=True)
+    limit = fields.Integer(allow_none=True, metadata={"description": "null = unlimited"})
+
+
 class Conflict(Error, Counter):
-    """quota_exhausted carries the counter as it stood; idempotency_key_reused the earlier take."""
+    """quota_exhausted carries the counter as it stood (a multi-line take: `lines`, every line that
+    did not fit); idempotency_key_reused the earlier take (a multi-line take's: its first line's)."""
 
     take_id = fields.Integer()
+    lines = fields.List(
+        fields.Nested(LineShortfall),
+        metadata={"description": "a multi-line take's quota_exhausted: every line that did not fit"},
+    )
 
 
 class MetricLimit(Counter):
@@ -161,6 +175,26 @@ class TakeResponse(Counter):
     take_id = fields.Integer()
     metric = fields.String()
     units = fields.Integer()
+
+
+class TakeLinesResponse(Schema):
+    takes = fields.List(
+        fields.Nested(TakeResponse),
+        metadata={"description": "one take per line, in the order of the lines; each released on its own"},
+    )
+
+
+class BatchResult(Conflict, TakeResponse, InvalidRequest):
+    """One item's answer: `status` is what a single take would answer, and the rest its body (a
+    take, or an error)."""
+
+    status = fields.Integer(required=True, metadata={"description": "201, 200 (replayed), or an error's"})
+    error = fields.String(metadata={"description": "stable error code, when status is an error's"})
+    message = fields.String()
+
+
+class TakeBatchResponse(Schema):
+    results = fields.List(fields.Nested(BatchResult), metadata={"description": "one per item, in item order"})
 
 
 class MetricCheck(Counter):
@@ -341,6 +375,7 @@ FEATURE_OVERRIDE_CHANGE = FeatureOverrideChange()
 METRIC_CHECK = MetricCheck()
 FEATURE_CHECK = FeatureCheck()
 TAKE = TakeResponse()
+TAKE_LINES = TakeLinesResponse()
 RELEASED = ReleaseResponse(exclude=("reason",))
 NOT_RELEASED = ReleaseResponse(only=("released", "reason", "take_id"))
 USAGE = UsageResponse()
