@@ -67,6 +67,11 @@ class Settings:
     inbox_applied_days: int = 0
     inbox_ignored_days: int = 30
     inbox_unmatched_limit: int = 10_000
+    # Signs the web console's cookies (docs/console.md); at least 32 bytes, else the console is off
+    # (its routes answer 404).
+    console_secret_key: str = ""
+    # A console session ends after this many minutes without a request.
+    console_idle_minutes: float = 30.0
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, *, serving: bool = False) -> Settings:
@@ -113,6 +118,8 @@ class Settings:
             inbox_applied_days=_count(e, "INBOX_APPLIED_DAYS", cls.inbox_applied_days),
             inbox_ignored_days=_count(e, "INBOX_IGNORED_DAYS", cls.inbox_ignored_days),
             inbox_unmatched_limit=_count(e, "INBOX_UNMATCHED_LIMIT", cls.inbox_unmatched_limit, minimum=1),
+            console_secret_key=e.get("CONSOLE_SECRET_KEY", ""),
+            console_idle_minutes=float(e.get("CONSOLE_IDLE_MINUTES", cls.console_idle_minutes)),
         )
 
 

@@ -125,8 +125,13 @@ def revoke_key(conn: Connection, *, name: str, actor: str = "cli") -> bool:
 
 def verify_key(conn: Connection, key: str) -> KeyOwner | None:
     """The owner of a key still accepted (live, or rotated and in its grace), or None."""
+    return verify_key_hash(conn, hash_key(key))
+
+
+def verify_key_hash(conn: Connection, key_hash: bytes) -> KeyOwner | None:
+    """verify_key by the key's hash (hash_key): what a console session keeps instead of the key."""
     with conn.cursor(row_factory=class_row(KeyOwner)) as cur:
-        return cur.execute(Q.key_verify, {"key_hash": hash_key(key)}).fetchone()
+        return cur.execute(Q.key_verify, {"key_hash": key_hash}).fetchone()
 
 
 def list_keys(conn: Connection) -> list[KeyListing]:

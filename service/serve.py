@@ -138,12 +138,23 @@ def remove_stale_metrics_dirs(root: Path) -> None:
             pass
 
 
+def console_off() -> None:
+    """Say once, in the arbiter, why the console is off (each worker builds its app without it)."""
+    from service.config import Settings
+    from service.console import disabled_reason
+
+    reason = disabled_reason(Settings.from_env())
+    if reason is not None:
+        print(f"quota-ledger serve: {reason}", file=sys.stderr, flush=True)
+
+
 def serve(*, bind: str, workers: int, threads: int = DEFAULT_THREADS, access_log: bool = False) -> None:
     """Run gunicorn until it is stopped. Raises PortInUse before starting when `bind` is taken."""
     from gunicorn import util as gunicorn_util
     from gunicorn.app.base import BaseApplication
 
     check_bind(bind)
+    console_off()
     # gunicorn writes its refusals through this module function (workers.base.Worker.handle_error);
     # replaced here, in the arbiter, so that every forked worker inherits it.
     gunicorn_util.write_error = write_json_error

@@ -188,6 +188,15 @@ def get(conn: Connection, inbox_id: int) -> StoredEvent:
     return found
 
 
+def payload(conn: Connection, inbox_id: int) -> str:
+    """The stored event's body as the provider sent it; UnknownEvent if there is no such row."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        found = cur.execute(Q.inbox_payload, {"id": inbox_id}).fetchone()
+    if found is None:
+        raise UnknownEvent(f"no stored webhook event has id {inbox_id}")
+    return str(found["payload"])
+
+
 def page(
     conn: Connection,
     *,

@@ -121,3 +121,7 @@ SELECT provider::text, status::text, count(*) AS events, min(received_at) AS old
 SELECT provider::text, status::text, reason, events, last_event_id, last_at
   FROM webhook_events_purged
  ORDER BY provider, status, reason
+
+-- name: inbox_payload
+-- The stored body as received, byte for byte (json keeps the text).
+SELECT payload::text AS payload FROM webhook_events WHERE id = %(id)s

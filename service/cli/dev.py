@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from secrets import token_urlsafe
 from typing import IO, Any
 
 from service.cli import UsageError, _connect, _migrate_url, _settings
@@ -66,6 +67,8 @@ def cmd_dev(args: argparse.Namespace) -> int:
     env["WEBHOOK_ENVIRONMENT"] = env.get("WEBHOOK_ENVIRONMENT") or "any"
     env["STRIPE_WEBHOOK_SECRETS"] = env.get("STRIPE_WEBHOOK_SECRETS") or DEV_STRIPE_SECRET
     env["REVENUECAT_WEBHOOK_AUTH"] = env.get("REVENUECAT_WEBHOOK_AUTH") or DEV_REVENUECAT_AUTH
+    # The console's cookies are signed with a key made for this run: its sessions end with it.
+    env["CONSOLE_SECRET_KEY"] = env.get("CONSOLE_SECRET_KEY") or token_urlsafe(32)
     handles = _dev_services(env)
     os.environ.update(env)
     settings = _settings()
@@ -116,6 +119,8 @@ quota-ledger dev is running at {base}   (Ctrl-C stops everything)
   webhooks: WEBHOOK_ENVIRONMENT={env["WEBHOOK_ENVIRONMENT"]}
             STRIPE_WEBHOOK_SECRETS={shlex.quote(secrets)}
             REVENUECAT_WEBHOOK_AUTH={shlex.quote(rc_auth)}
+
+  console:  {base}/console  (sign in with the admin or the finance key)
 
   admin key:   {keys["admin"]}
   product key: {product}

@@ -1,4 +1,5 @@
-"""Flask lives here only: the app factory, blueprints, schemas and the error → JSON mapping."""
+"""Flask lives here (and in service/console/): the app factory, blueprints, schemas and the error →
+JSON mapping."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import logging
 
 from flask import Flask
 
+from service import console
 from service.config import Settings
 from service.db import Database
 from service.http.runtime import Runtime
@@ -46,4 +48,5 @@ def build_app(settings: Settings | None = None) -> Flask:
     inbound.init_app(app)
     for bp in (accounts.bp, admin.bp, finance.bp, health.bp, events.bp, webhooks.bp, index.bp):
         app.register_blueprint(bp)
+    console.init_app(app, settings)
     return app

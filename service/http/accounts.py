@@ -28,7 +28,7 @@ from service.http.runtime import runtime
 from service.http.schemas import requests as rq
 from service.http.schemas import responses as rs
 from service.http.validation import account_id, json_body, json_object, load, query_args
-from service.quota import accounts, check, features, periods, takes, usage
+from service.quota import accounts, check, features, history, periods, takes, usage
 
 bp = Blueprint("accounts", __name__, url_prefix="/v1")
 PRODUCT = ("product", "admin")
@@ -262,6 +262,30 @@ def get_usage(id: str) -> Response:
     with rt.connection() as conn:
         used = usage.usage(conn, rt.plans, account_id=account_id(id), metric=metric, period=period)
     return jsonify(rs.USAGE.dump({"metric": metric, "period": periods.shown(period), "used": used}))
+
+
+@bp.get("/accounts/<id>/usage/history")
+@require(*PRODUCT)
+@refuses(ValidationFailed, UnknownMetric, UnknownAccount)
+def get_usage_history(id: str) -> Response:
+    """Daily usage of a metric from the ledger: taken, released and the counter at each day's end.
+    ---
+    get:
+      parameters: [{in: query, schema: UsageHistoryQuery}]
+      responses:
+        200:
+          description: one entry per day of the range, zeros where nothing moved
+          content: {application/json: {schema: UsageHistoryResponse}}
+    """
+    args = query_args(rq.USAGE_HISTORY_QUERY)
+    rt = runtime()
+    accounts.require_metric(rt.plans, args["metric"])
+    with rt.connection() as conn:
+        accounts.find_account(conn, account_id=account_id(id))
+        days = history.daily_usage(
+            conn, account_id=id, metric=args["metric"], first=args["first"], last=args["last"]
+        )
+    return jsonify(rs.USAGE_HISTORY.dump({"metric": args["metric"], "days": days}))
 
 
 # What a usage query must name for a metric whose current period is this long (periods.py).

@@ -12,7 +12,7 @@ from flask import g, request
 from service.http import metrics
 from service.http.errors import Forbidden, Unauthorized
 from service.http.runtime import runtime
-from service.keys import KeyOwner, hash_key, verify_key
+from service.keys import KeyOwner, hash_key, verify_key_hash
 from service.vocabulary import Role
 
 P = ParamSpec("P")
@@ -30,8 +30,16 @@ def authenticate() -> KeyOwner:
     scheme, _, key = header.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         raise Unauthorized("send Authorization: Bearer <api key>")
-    key = key.strip()
-    digest = hash_key(key)
+    owner = key_owner(hash_key(key.strip()))
+    if owner is None:
+        raise Unauthorized("unknown, revoked or expired API key (a rotated key ends with its grace)")
+    return owner
+
+
+def key_owner(digest: bytes) -> KeyOwner | None:
+    """The owner of the key whose hash is `digest`, through the cache; None: unknown, revoked or
+    expired. The console checks its sessions' keys here too, so a revoked key ends them within
+    KEY_CACHE_SECONDS as it stops the API."""
     now = time.monotonic()
     hit = _cache.get(digest)
     if hit and hit[1] > now:
@@ -40,10 +48,10 @@ def authenticate() -> KeyOwner:
     metrics.KEY_CACHE_MISS.inc()
     rt = runtime()
     with rt.connection() as conn:
-        owner = verify_key(conn, key)
+        owner = verify_key_hash(conn, digest)
     if owner is None:
         _cache.pop(digest, None)
-        raise Unauthorized("unknown, revoked or expired API key (a rotated key ends with its grace)")
+        return None
     if len(_cache) > 10_000:
         _cache.clear()
     ttl = rt.settings.key_cache_seconds

@@ -55,7 +55,11 @@ def get_ledger_csv() -> Response:
           description: a header row, then one row per ledger row (README, the CSV export)
           content: {text/csv: {schema: {type: string}}}
     """
-    period = query_args(rq.PERIOD_QUERY)["period"]
+    return csv_export(query_args(rq.PERIOD_QUERY)["period"])
+
+
+def csv_export(period: str) -> Response:
+    """The period's CSV as a streamed response (the console's download too)."""
     rt = runtime()
     with ExitStack() as held:
         conn = held.enter_context(rt.export_connection())

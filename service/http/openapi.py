@@ -150,8 +150,8 @@ def build(app: Flask) -> dict[str, Any]:
     spec.components.schema("TakeItem", schema=rq.TakeItem)
     by_name = _path_parameters(metrics, features)
     for rule in sorted(app.url_map.iter_rules(), key=lambda r: r.rule):
-        if rule.endpoint == "static":
-            continue
+        if rule.endpoint == "static" or rule.endpoint.startswith("console."):
+            continue  # the console's pages are HTML for people, not the API (docs/console.md)
         parameters = [
             {"name": arg, "in": "path", "required": True, "schema": by_name[arg]}
             for arg in sorted(rule.arguments)

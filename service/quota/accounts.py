@@ -212,3 +212,19 @@ def get_account(
     return AccountView(
         **vars(acct), limits=limits, features=account_features(conn, plans, account_id=account_id)
     )
+
+
+def search(
+    conn: Connection,
+    *,
+    prefix: str | None = None,
+    customer_id: str | None = None,
+    plan: str | None = None,
+    after: str = "",
+    limit: int = 50,
+) -> list[Account]:
+    """Accounts in id order after `after`, at most `limit`: those whose id starts with `prefix`,
+    linked to the Stripe customer `customer_id`, on `plan` (each None: any)."""
+    params = {"prefix": prefix, "customer_id": customer_id, "plan": plan, "after": after, "limit": limit}
+    with conn.cursor(row_factory=class_row(Account)) as cur:
+        return cur.execute(Q.account_search, params).fetchall()

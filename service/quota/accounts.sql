@@ -59,3 +59,17 @@ SELECT q.metric, m.kind, m.reset, q.lim AS "limit", q.limit_source,
            AS m (metric, period, kind, reset) ON m.metric = q.metric
  WHERE q.account_id = %(account_id)s
  ORDER BY q.metric
+
+-- name: account_search
+-- The console's account search, in id order after a cursor: an id prefix, a Stripe customer (the
+-- product's link, or one learned from events), a plan; each NULL when not asked for.
+SELECT id, kind, plan, subscription_status, stripe_customer_id, deleted
+  FROM accounts a
+ WHERE id > %(after)s
+   AND (%(prefix)s::text IS NULL OR (id >= %(prefix)s AND starts_with(id, %(prefix)s)))
+   AND (%(customer_id)s::text IS NULL OR stripe_customer_id = %(customer_id)s
+        OR id IN (SELECT account_id FROM customer_links
+                   WHERE provider = 'stripe' AND customer_id = %(customer_id)s))
+   AND (%(plan)s::text IS NULL OR plan = %(plan)s)
+ ORDER BY id
+ LIMIT %(limit)s

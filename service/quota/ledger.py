@@ -81,6 +81,12 @@ def page(
         ).fetchall()
 
 
+def recent(conn: Connection, *, account_id: str, limit: int = 50) -> list[LedgerEntry]:
+    """An account's latest `limit` rows, newest first (by id: on Citus, near enough)."""
+    with conn.cursor(row_factory=class_row(LedgerEntry)) as cur:
+        return cur.execute(Q.ledger_recent, {"account_id": account_id, "limit": limit}).fetchall()
+
+
 def period_rows(
     conn: Connection, *, period: str, batch: int = 5000, idle_timeout: float | None = None
 ) -> Generator[LedgerEntry, None, None]:

@@ -71,3 +71,12 @@ SELECT id, at, actor, action, nullif(account_id, '') AS account_id, metric, old,
    AND (%(account_id)s::text IS NULL OR account_id = %(account_id)s)
  ORDER BY id
  LIMIT %(limit)s
+
+-- name: ledger_recent
+-- An account's latest rows, newest id first, on the primary key (account_id, id).
+SELECT id, at, account_id, metric, period, kind, units, used_after, lim, take_id, idempotency_key, actor,
+       prev_hash, hash, seq
+  FROM ledger
+ WHERE account_id = %(account_id)s
+ ORDER BY id DESC
+ LIMIT %(limit)s

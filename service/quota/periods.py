@@ -72,6 +72,12 @@ def same_kind(a: str, b: str) -> bool:
     return len(a) == len(b)
 
 
+def covers(period: str, day: str) -> bool:
+    """Whether a counter in `period` is still in it on `day` (YYYY-MM-DD): the month of the day, the
+    day itself, or HELD, which never ends."""
+    return period in (HELD, day, day[:7])
+
+
 def is_period(s: str) -> bool:
     return bool(PERIOD_RE.fullmatch(s))
 

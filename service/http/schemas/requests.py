@@ -22,6 +22,7 @@ from service.http.schemas.fields import (
     Text,
     one_of,
 )
+from service.quota.history import MAX_DAYS as MAX_HISTORY_DAYS
 from service.quota.takes import MAX_LINES
 from service.vocabulary import ACCOUNT_ID_PATTERN, AccountKind, InboxStatus, LedgerKind, Provider
 
@@ -130,6 +131,27 @@ class UsageQuery(Schema):
     )
 
 
+class UsageHistoryQuery(Schema):
+    metric = Metric(required=True)
+    first = fields.Date(
+        required=True, data_key="from", metadata={"description": "the first day, UTC (YYYY-MM-DD)"}
+    )
+    last = fields.Date(
+        required=True,
+        data_key="to",
+        metadata={"description": f"the last day, included; at most {MAX_HISTORY_DAYS} days after from"},
+    )
+
+    @validates_schema
+    def _range(self, data: dict[str, Any], **kwargs: Any) -> None:
+        if "first" in data and "last" in data:
+            days = (data["last"] - data["first"]).days + 1
+            if days < 1:
+                raise ValidationError("to is before from", "to")
+            if days > MAX_HISTORY_DAYS:
+                raise ValidationError(f"at most {MAX_HISTORY_DAYS} days at once, not {days}", "to")
+
+
 class PageQuery(Schema):
     cursor = fields.String(validate=CURSOR)
     limit = fields.Integer(load_default=100, validate=validate.Range(min=1, max=1000))
@@ -206,6 +228,7 @@ FEATURE_PUT = FeaturePut()
 CHECK_QUERY = CheckQuery()
 RESET_REQUEST = ResetRequest()
 USAGE_QUERY = UsageQuery()
+USAGE_HISTORY_QUERY = UsageHistoryQuery()
 LEDGER_QUERY = LedgerQuery()
 AUDIT_QUERY = AuditQuery()
 EVENTS_QUERY = EventsQuery()

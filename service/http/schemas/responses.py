@@ -227,6 +227,22 @@ class UsageResponse(Flat):
     used = fields.Integer()
 
 
+class DayUsage(Schema):
+    date = fields.Date()
+    taken = fields.Integer(metadata={"description": "units taken that day"})
+    released = fields.Integer(metadata={"description": "units released that day"})
+    used = fields.Integer(
+        metadata={"description": "the counter at the end of the day (0 once its period has ended)"}
+    )
+
+
+class UsageHistoryResponse(Schema):
+    metric = fields.String()
+    days = fields.List(
+        fields.Nested(DayUsage), metadata={"description": "one per day of the range, in order"}
+    )
+
+
 class ResetResponse(UsageResponse):
     """The usage after an admin reset (0), and what it cleared."""
 
@@ -379,6 +395,7 @@ TAKE_LINES = TakeLinesResponse()
 RELEASED = ReleaseResponse(exclude=("reason",))
 NOT_RELEASED = ReleaseResponse(only=("released", "reason", "take_id"))
 USAGE = UsageResponse()
+USAGE_HISTORY = UsageHistoryResponse()
 RESET = ResetResponse()
 DELETED = DeleteResponse()
 RESTORED = RestoreResponse()

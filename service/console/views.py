@@ -1,0 +1,424 @@
+"""The console's pages. Each view reads or changes through the functions the JSON API's views call
+(service/quota, service/billing; service/http/finance.py's CSV export): no rule or query of its own.
+
+Reading is for admin and finance sessions alike; changing (the account forms, a replay) for admin
+ones: any other POST is 403, and so is one without the session's CSRF token, before anything runs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import date
+from typing import Any, ParamSpec, TypeVar
+
+import psycopg
+import psycopg_pool
+import redis
+from flask import Blueprint, Response, abort, current_app, g, redirect, render_template, request, url_for
+from werkzeug.exceptions import HTTPException
+from werkzeug.wrappers import Response as BaseResponse
+
+from service import webhooks
+from service.billing import delivery, inbox, standing
+from service.console import plot
+from service.console.sessions import COOKIE, LOGIN_COOKIE, PATH, Session, Sessions, same
+from service.errors import QuotaError
+from service.http.auth import key_owner
+from service.http.errors import Answer, ValidationFailed
+from service.http.finance import csv_export
+from service.http.inbound import ascii_id
+from service.http.runtime import runtime
+from service.http.schemas import requests as rq
+from service.http.validation import account_id, load
+from service.keys import hash_key
+from service.quota import accounts, admin, chain, history, ledger, overrides, periods
+from service.vocabulary import InboxStatus, Provider, Role
+
+bp = Blueprint(
+    "console",
+    __name__,
+    url_prefix=PATH,
+    template_folder="templates",
+    static_folder="static",
+    static_url_path="/static",
+)
+P = ParamSpec("P")
+R = TypeVar("R")
+ROLES = (Role.ADMIN, Role.FINANCE)
+PAGE = 50
+# No script at all, nothing from elsewhere, forms only to the console itself, never in a frame.
+CSP = (
+    "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
+    "frame-ancestors 'none'; base-uri 'none'"
+)
+_OPEN = {"console.login", "console.static"}
+
+
+def sessions() -> Sessions:
+    s: Sessions = current_app.extensions["console"]
+    return s
+
+
+def session() -> Session:
+    s: Session = g.console_session
+    return s
+
+
+@bp.before_request
+def _signed_in() -> BaseResponse | None:
+    if request.endpoint in _OPEN:
+        return None
+    s = sessions().load(request.cookies.get(COOKIE))
+    if s is None:
+        return _to_login("expired" if request.cookies.get(COOKIE) else None)
+    owner = key_owner(bytes.fromhex(s.key_hash))
+    if owner is None or owner.role not in ROLES:
+        sessions().end(s)
+        return _to_login("revoked")
+    g.console_session = s
+    if request.method == "POST" and not same(request.form.get("csrf_token"), s.csrf):
+        abort(403, "the form's CSRF token is missing or not this session's: reload the page")
+    return None
+
+
+def _to_login(why: str | None) -> BaseResponse:
+    resp = redirect(url_for("console.login", why=why) if why else url_for("console.login"))
+    resp.delete_cookie(COOKIE, path=PATH)
+    return resp
+
+
+@bp.context_processor
+def _context() -> dict[str, Any]:
+    return {"me": g.get("console_session")}
+
+
+@bp.after_request
+def _headers(resp: Response) -> Response:
+    resp.headers["Content-Security-Policy"] = CSP
+    resp.headers["X-Content-Type-Options"] = "nosniff"
+    resp.headers["Referrer-Policy"] = "no-referrer"
+    if request.endpoint != "console.static":
+        resp.headers["Cache-Control"] = "no-store"
+    return resp
+
+
+def admin_only(view: Callable[P, R]) -> Callable[P, R]:
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        if not session().admin:
+            abort(403, "only an admin may change this")
+        return view(*args, **kwargs)
+
+    wrapper.__name__ = view.__name__
+    wrapper.__doc__ = view.__doc__
+    return wrapper
+
+
+def _error_page(status: int, message: str) -> tuple[str, int]:
+    return render_template("error.html", status=status, message=message), status
+
+
+@bp.errorhandler(QuotaError)
+@bp.errorhandler(Answer)
+def _refused(e: QuotaError | Answer) -> tuple[str, int]:
+    fields = e.details.get("fields") if isinstance(e, ValidationFailed) else None
+    detail = "; ".join(f"{k}: {' '.join(v)}" for k, v in (fields or {}).items())
+    return _error_page(e.status, f"{e.message} ({detail})" if detail else e.message)
+
+
+@bp.errorhandler(HTTPException)
+def _http(e: HTTPException) -> tuple[str, int]:
+    return _error_page(e.code or 500, e.description or e.name)
+
+
+@bp.errorhandler(psycopg.OperationalError)
+@bp.errorhandler(psycopg_pool.PoolTimeout)
+@bp.errorhandler(redis.RedisError)
+def _unavailable(e: Exception) -> tuple[str, int]:
+    current_app.logger.warning("console: unavailable: %s", e)
+    return _error_page(503, "the database or Redis is unavailable; retry later")
+
+
+# --- signing in and out
+
+
+@bp.route("/login", methods=["GET", "POST"])
+def login() -> BaseResponse | tuple[str, int] | str:
+    """The login form: an API key of role admin or finance."""
+    s = sessions()
+    message, status = _WHY.get(request.args.get("why", ""), ""), 200
+    if request.method == "POST":
+        expected = s.login_token_of(request.cookies.get(LOGIN_COOKIE))
+        if expected is None or not same(request.form.get("csrf_token"), expected):
+            abort(403, "the login form's CSRF token is missing or stale: reload the page")
+        key = request.form.get("api_key", "").strip()
+        digest = hash_key(key)
+        owner = key_owner(digest) if key else None
+        if owner is None:
+            message, status = "Unknown, revoked or expired API key.", 401
+        elif owner.role not in ROLES:
+            message, status = f"A {owner.role} key cannot sign in here: use an admin or finance key.", 403
+        else:
+            _, cookie = s.create(key_hash=digest, name=owner.name, role=owner.role)
+            resp = redirect(url_for("console.account_list"))
+            resp.set_cookie(COOKIE, cookie, **_cookie_flags())
+            resp.delete_cookie(LOGIN_COOKIE, path=PATH)
+            return resp
+    token, cookie = s.login_token()
+    resp = Response(render_template("login.html", csrf=token, message=message), status)
+    resp.set_cookie(LOGIN_COOKIE, cookie, **_cookie_flags(max_age=3600))
+    return resp
+
+
+_WHY = {
+    "expired": "Your session has ended (idle, or signed out). Sign in again.",
+    "revoked": "The key of your session is no longer accepted. Sign in again with a live key.",
+    "out": "Signed out.",
+}
+
+
+def _cookie_flags(max_age: int | None = None) -> dict[str, Any]:
+    return {
+        "path": PATH,
+        "httponly": True,
+        "samesite": "Strict",
+        "secure": request.is_secure,
+        "max_age": max_age,
+    }
+
+
+@bp.post("/logout")
+def logout() -> BaseResponse:
+    sessions().end(session())
+    resp = redirect(url_for("console.login", why="out"))
+    resp.delete_cookie(COOKIE, path=PATH)
+    return resp
+
+
+@bp.get("/")
+def home() -> BaseResponse:
+    return redirect(url_for("console.account_list"))
+
+
+# --- accounts
+
+
+@bp.get("/accounts")
+def account_list() -> str:
+    """Accounts by id prefix, Stripe customer or plan, in id order, PAGE at a time."""
+    q = request.args.get("q", "").strip()[:255] or None
+    by = request.args.get("by", "id")
+    after = request.args.get("after", "")[:255]
+    rt = runtime()
+    criteria = {"prefix": q if by == "id" else None, "customer_id": q if by == "customer" else None}
+    criteria["plan"] = q if by == "plan" else None
+    with rt.connection() as conn:
+        found = accounts.search(conn, after=after, limit=PAGE, **criteria)
+    more = found[-1].id if len(found) == PAGE else None
+    return render_template(
+        "accounts.html", found=found, q=q or "", by=by, after=after, more=more, plans=list(rt.plans.plans)
+    )
+
+
+@bp.get("/accounts/<id>")
+def account_page(id: str) -> str:
+    return _account_page(account_id(id))
+
+
+def _account_page(id: str, *, message: str | None = None, error: str | None = None) -> str:
+    rt = runtime()
+    today = periods.now().date()
+    with rt.connection() as conn:
+        view = accounts.get_account(conn, rt.plans, account_id=id)
+        why = standing.standing(conn, account_id=id)
+        rows = ledger.recent(conn, account_id=id, limit=50)
+        plots = []
+        for m in view.limits:
+            first, last = plot.window(m.kind, m.reset, today)
+            days = history.daily_usage(conn, account_id=id, metric=m.metric, first=first, last=last)
+            start = _period_start(m.counter_period, today)
+            plots.append(plot.plot(m.metric, days, limit=m.limit, current_start=start))
+    return render_template(
+        "account.html",
+        a=view,
+        why=why,
+        rows=rows,
+        plots=plots,
+        resettable=[m.metric for m in view.limits if m.kind != "allocation"],
+        message=_DONE.get(request.args.get("done", ""), message),
+        error=error,
+    )
+
+
+def _period_start(period: str, today: date) -> date | None:
+    if period == periods.HELD:
+        return None
+    if periods.is_day(period):
+        return date.fromisoformat(period)
+    return periods.period_start(period).date() if periods.is_period(period) else today
+
+
+_DONE = {
+    "override": "Override saved.",
+    "cleared": "Override cleared.",
+    "reset": "Counter reset.",
+    "deleted": "Account deleted (soft): takes are refused until it is restored.",
+    "restored": "Account restored.",
+}
+
+
+def _done(id: str, what: str) -> BaseResponse:
+    return redirect(url_for("console.account_page", id=id, done=what), code=303)
+
+
+@bp.post("/accounts/<id>/override")
+@admin_only
+def override(id: str) -> BaseResponse:
+    """Set (limit, or blank for unlimited) or clear a metric's sticky override."""
+    rt = runtime()
+    id = account_id(id)
+    metric = request.form.get("metric", "")
+    accounts.require_metric(rt.plans, metric)
+    with rt.connection() as conn:
+        if request.form.get("action") == "clear":
+            overrides.clear_override(conn, rt.plans, account_id=id, metric=metric, actor=session().name)
+            return _done(id, "cleared")
+        raw = request.form.get("limit", "").strip()
+        if raw and not raw.isdigit():
+            raise ValidationFailed("the limit is a whole number, or blank for unlimited", fields={})
+        limit = load(rq.OVERRIDE_PUT, {"limit": int(raw) if raw else None})["limit"]
+        overrides.set_override(
+            conn, rt.plans, account_id=id, metric=metric, limit=limit, actor=session().name
+        )
+    return _done(id, "override")
+
+
+@bp.post("/accounts/<id>/reset")
+@admin_only
+def reset(id: str) -> BaseResponse:
+    """An admin reset of a counter's current period (as POST /v1/admin/accounts/{id}/reset)."""
+    rt = runtime()
+    id = account_id(id)
+    metric = request.form.get("metric", "")
+    accounts.require_metric(rt.plans, metric)
+    with rt.connection() as conn:
+        admin.reset_counter(
+            conn, rt.plans, account_id=id, metric=metric, actor=session().name, period=rt.plans.period(metric)
+        )
+    return _done(id, "reset")
+
+
+@bp.post("/accounts/<id>/delete")
+@admin_only
+def delete(id: str) -> BaseResponse:
+    with runtime().connection() as conn:
+        admin.soft_delete(conn, account_id=account_id(id), actor=session().name)
+    return _done(id, "deleted")
+
+
+@bp.post("/accounts/<id>/restore")
+@admin_only
+def restore(id: str) -> BaseResponse:
+    with runtime().connection() as conn:
+        admin.restore(conn, account_id=account_id(id), actor=session().name)
+    return _done(id, "restored")
+
+
+# --- the ledger
+
+
+def _period_arg() -> str:
+    period = request.args.get("period") or periods.current_period()
+    if not periods.LEDGER_PERIOD_RE.fullmatch(period):
+        raise ValidationFailed("the period is a month (YYYY-MM), a day (YYYY-MM-DD) or held", fields={})
+    return period
+
+
+@bp.get("/ledger")
+def ledger_page() -> str:
+    """A period's reconciliation; the chain's verify when asked (it walks the whole ledger)."""
+    period = _period_arg()
+    rt = runtime()
+    with rt.connection() as conn:
+        check = ledger.reconcile(conn, period=period)
+        verified = chain.verify(conn) if request.args.get("verify") else None
+    return render_template("ledger.html", period=period, check=check, verified=verified)
+
+
+@bp.get("/ledger.csv")
+def ledger_csv() -> Response:
+    return csv_export(_period_arg())
+
+
+# --- the webhook inbox
+
+
+@bp.get("/events")
+def event_list() -> str:
+    status = request.args.get("status") or None
+    provider = request.args.get("provider") or None
+    if status not in (None, *InboxStatus) or provider not in (None, *Provider):
+        raise ValidationFailed("unknown status or provider", fields={})
+    after = ascii_id(request.args.get("after", "0")) or 0
+    with runtime().connection() as conn:
+        rows = inbox.page(conn, after=after, limit=PAGE, status=status, provider=provider)
+    more = rows[-1].id if len(rows) == PAGE else None
+    return render_template(
+        "events.html",
+        rows=rows,
+        status=status or "",
+        provider=provider or "",
+        more=more,
+        statuses=list(InboxStatus),
+        providers=list(Provider),
+    )
+
+
+def _event_id(inbox_id: str) -> int:
+    number = ascii_id(inbox_id)
+    if number is None:
+        abort(404, f"no stored webhook event has id {inbox_id!r}")
+    return number
+
+
+@bp.get("/events/<inbox_id>")
+def event_page(inbox_id: str) -> str:
+    number = _event_id(inbox_id)
+    with runtime().connection() as conn:
+        event = inbox.get(conn, number)
+        body = inbox.payload(conn, number)
+    return render_template(
+        "event.html", e=event, payload=_pretty(body), replayed=request.args.get("replayed") == "1"
+    )
+
+
+def _pretty(body: str) -> str:
+    try:
+        return json.dumps(json.loads(body), indent=2, ensure_ascii=False)
+    except ValueError:
+        return body
+
+
+@bp.post("/events/<inbox_id>/replay")
+@admin_only
+def replay(inbox_id: str) -> BaseResponse:
+    """Apply a stored event again (as POST /v1/admin/events/{id}/replay)."""
+    number = _event_id(inbox_id)
+    rt = runtime()
+    with rt.connection() as conn:
+        translate_for = webhooks.translators(rt.settings.webhook_environment)
+        delivery.replay(conn, rt.plans, number, translate_for=translate_for, actor=session().name)
+    return redirect(url_for("console.event_page", inbox_id=number, replayed=1), code=303)
+
+
+# --- the audit log
+
+
+@bp.get("/audit")
+def audit_page() -> str:
+    raw = request.args.get("account_id", "").strip()
+    account = account_id(raw) if raw else None
+    after = ascii_id(request.args.get("after", "0")) or 0
+    with runtime().connection() as conn:
+        rows = ledger.audit_page(conn, after=after, limit=PAGE, account_id=account)
+    more = rows[-1]["id"] if len(rows) == PAGE else None
+    return render_template("audit.html", rows=rows, account_id=raw, more=more)
