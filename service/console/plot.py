@@ -33,6 +33,7 @@ class Plot:
     top: int  # the y axis' top value
     limit_y: float | None  # the limit's line, when limited and in view
     period_x: float | None  # where the current period starts, when inside the range
+    period_label_end: bool  # the label left of that line (it is near the right edge)
     ticks: list[tuple[float, str]]  # x, label (the first of each month, or a few days)
 
     width: int = WIDTH
@@ -57,7 +58,11 @@ def window(kind: str, reset: str | None, today: date) -> tuple[date, date]:
 
 
 def plot(metric: str, days: list[DayUsage], *, limit: int | None, current_start: date | None) -> Plot:
-    most = max([d.used for d in days] + [d.taken for d in days] + [limit or 0, 1])
+    most = max([d.used for d in days] + [d.taken for d in days] + [1])
+    # The limit is drawn when it is within reach (twice the most used or taken, at most): further
+    # up it would flatten the usage it is there to compare with.
+    if limit is not None and limit <= 2 * most:
+        most = max(most, limit)
     top = _nice(most)
     span = HEIGHT - BOTTOM - TOP
     step = (WIDTH - RIGHT - LEFT) / max(len(days), 1)
@@ -94,6 +99,7 @@ def plot(metric: str, days: list[DayUsage], *, limit: int | None, current_start:
         top=top,
         limit_y=y(limit) if limit is not None and limit <= top else None,
         period_x=period_x,
+        period_label_end=period_x is not None and period_x > WIDTH - RIGHT - 90,
         ticks=ticks,
     )
 

@@ -34,4 +34,14 @@ def sign_in(client: Any, key_header: dict[str, str]) -> Any:
     """Sign `client` in with the key of an Authorization header; the response of the POST."""
     key = key_header["Authorization"].removeprefix("Bearer ")
     form = client.get("/console/login")
-    return client.post("/console/login", data={"api_key": key, "csrf_token": csrf_of(form.get_data(as_text=True))})
+    return client.post(
+        "/console/login", data={"api_key": key, "csrf_token": csrf_of(form.get_data(as_text=True))}
+    )
+
+
+@pytest.fixture
+def account(client: Any, keys: Any) -> str:
+    from tests.http.conftest import put_account
+
+    put_account(client, keys, "acc-1")
+    return "acc-1"
