@@ -143,7 +143,11 @@ def console_off() -> None:
     from service.config import Settings
     from service.console import disabled_reason
 
-    reason = disabled_reason(Settings.from_env())
+    try:
+        settings = Settings.from_env()
+    except RuntimeError:  # the workers' create_app says what is wrong with the settings
+        return
+    reason = disabled_reason(settings)
     if reason is not None:
         print(f"quota-ledger serve: {reason}", file=sys.stderr, flush=True)
 

@@ -191,26 +191,40 @@ def test_error_table_matches_the_error_classes() -> None:
 # --- routes ------------------------------------------------------------------------------------
 
 
-def test_every_route_is_documented() -> None:
+def _served(*, console: bool) -> set[str]:
+    """The API's routes, or the console's (the app with a console key), as `METHOD /path/{arg}`."""
     from service import create_app
 
-    app = create_app(Settings(database_url="postgresql://nobody@127.0.0.1:1/none", webhook_environment=None))
+    settings = Settings(
+        database_url="postgresql://nobody@127.0.0.1:1/none",
+        webhook_environment=None,
+        console_secret_key="k" * 32,
+    )
+    app = create_app(settings)
     try:
-        served = {
+        return {
             method + " " + re.sub(r"<(?:[a-z]+:)?([a-z_]+)>", r"{\1}", rule.rule)
             for rule in app.url_map.iter_rules()
-            if rule.endpoint != "static"
+            if rule.endpoint != "static" and rule.endpoint.startswith("console.") == console
             for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"})
         }
     finally:
         app.extensions["quota"].pool.close()
-    block = marked(DOCS / "api.md", "route-table")
+
+
+def _documented(page: Path) -> set[str]:
     documented = set()
-    for row in table_rows(block):
+    for row in table_rows(marked(page, "route-table")):
         for method, path in re.findall(r"`([A-Z]+) (/[^`?]*)", row[0]):
             documented.add(f"{method} {path}")
-    assert served - documented == set(), "routes missing from docs/api.md"
-    assert documented - served == set(), "docs/api.md documents a route the app does not serve"
+    return documented
+
+
+@pytest.mark.parametrize("page, console", [("api.md", False), ("console.md", True)])
+def test_every_route_is_documented(page: str, console: bool) -> None:
+    served, documented = _served(console=console), _documented(DOCS / page)
+    assert served - documented == set(), f"routes missing from docs/{page}"
+    assert documented - served == set(), f"docs/{page} documents a route the app does not serve"
 
 
 # --- links -------------------------------------------------------------------------------------

@@ -59,6 +59,15 @@ def test_a_non_editable_install_migrates_from_another_folder_and_creates_a_key(e
     assert key.stdout.splitlines()[-1].startswith("qlk_")
     plans = _run([cli, "sync-plans", "--dry-run"], cwd=elsewhere, env=env)  # the shipped plans.toml
     assert plans.returncode == 0, plans.stderr
+    # the console's templates and style sheet come with the package
+    page = (
+        "from service import create_app; c = create_app().test_client(); "
+        "r = c.get('/console/login'); s = c.get('/console/static/console.css'); "
+        "print(r.status_code, 'api_key' in r.get_data(as_text=True), s.status_code, len(s.data) > 1000)"
+    )
+    console_env = {**env, "CONSOLE_SECRET_KEY": "k" * 32, "WEBHOOK_ENVIRONMENT": "any"}
+    console = _run([str(py), "-c", page], cwd=elsewhere, env=console_env)
+    assert console.stdout.split() == ["200", "True", "200", "True"], console
 
 
 def test_migrate_fails_loudly_when_it_finds_no_migration(empty_db, tmp_path, monkeypatch):

@@ -152,6 +152,7 @@ def test_the_row_rules_migration_keeps_ledger_and_counters_in_place(empty_db: st
         # The partial unique indexes name `kind` in their predicates, so Postgres builds them again
         # (documented in the migration); no table and no other index is rewritten.
         rebuilt = {"ledger_take_key", "ledger_one_release", "ledger_one_period_open"}
+        rebuilt |= set(after) - dict(on_disk).keys()  # indexes of later migrations (0024: ledger_history)
         assert {k: v for k, v in after.items() if k not in rebuilt} == {
             k: v for k, v in on_disk if k not in rebuilt
         }
@@ -169,3 +170,35 @@ def test_the_row_rules_migration_keeps_ledger_and_counters_in_place(empty_db: st
         ):
             with pytest.raises(psycopg.errors.CheckViolation):
                 c.execute(refused)
+
+
+def test_the_history_index_is_built_beside_the_rows_without_rewriting_them(empty_db: str) -> None:
+    """0024 on a ledger with rows: the new index is valid (built CONCURRENTLY, outside a transaction),
+    covers the rows, and the ledger and its other indexes keep their files."""
+    _migrate_before(empty_db, "0024")
+    files = (
+        "SELECT c.relname, c.relfilenode FROM pg_class c WHERE c.relname = 'ledger' OR c.oid IN"
+        " (SELECT indexrelid FROM pg_index WHERE indrelid = 'ledger'::regclass) ORDER BY 1"
+    )
+    with psycopg.connect(empty_db, autocommit=True) as c:  # as the owner
+        c.execute(
+            "INSERT INTO accounts (id, kind, plan) VALUES ('acct-1', 'user', 'pro');"
+            "INSERT INTO ledger (account_id, metric, period, kind, units, used_after, lim, actor, seq, hash)"
+            " VALUES ('acct-1', 'links', '2026-11', 'take', 3, 3, 500, 'svc', 1, sha256('x'))"
+        )
+        before = dict(c.execute(files).fetchall())
+    migrate(empty_db)
+    with psycopg.connect(empty_db, autocommit=True) as c:
+        after = dict(c.execute(files).fetchall())
+        assert {k: v for k, v in after.items() if k != "ledger_history"} == before
+        valid = c.execute(
+            "SELECT indisvalid, pg_get_indexdef(indexrelid) FROM pg_index"
+            " WHERE indexrelid = 'ledger_history'::regclass"
+        ).fetchone()
+        assert valid is not None and valid[0] and "(account_id, metric, at)" in valid[1]
+        c.execute("SET enable_seqscan = off")
+        plan = c.execute(
+            "EXPLAIN SELECT * FROM ledger WHERE account_id = 'acct-1' AND metric = 'links' AND at < now()"
+            " ORDER BY at DESC LIMIT 1"  # the history's row before its range (service/quota/history.sql)
+        ).fetchall()
+        assert "ledger_history" in " ".join(row[0] for row in plan)

@@ -36,7 +36,8 @@ CONFIG = SchemathesisConfig.from_dict(
                 # Rules between query parameters or fields that OpenAPI 3.0 cannot say, so a
                 # valid-looking request may be 422: the check takes exactly one of `metric` and
                 # `feature`; usage's `period` is of the metric's kind (a month, a day for a daily
-                # metric, none for an allocation); a multi-line take's lines name distinct metrics.
+                # metric, none for an allocation); a multi-line take's lines name distinct metrics;
+                # a usage history's `to` is not before `from` and at most 400 days after it.
                 "include-path": path,
                 "checks": {
                     "positive_data_acceptance": {
@@ -44,7 +45,12 @@ CONFIG = SchemathesisConfig.from_dict(
                     }
                 },
             }
-            for path in ("/v1/accounts/{id}/check", "/v1/accounts/{id}/usage", "/v1/accounts/{id}/takes")
+            for path in (
+                "/v1/accounts/{id}/check",
+                "/v1/accounts/{id}/usage",
+                "/v1/accounts/{id}/takes",
+                "/v1/accounts/{id}/usage/history",
+            )
         ],
     }
 )
@@ -109,7 +115,7 @@ BODIES = {
     "ResetRequest": {"metric": "urls"},
     "FeaturePut": {"enabled": True},
 }
-QUERIES = {"metric": "urls", "period": "2020-01"}
+QUERIES = {"metric": "urls", "period": "2020-01", "from": "2020-01-01", "to": "2020-01-31"}
 # A valid query of an operation whose parameters are all optional but one of them is needed.
 ONE_OF_QUERIES = {"/v1/accounts/{id}/check": {"metric": "urls"}}
 PATH = {"id": "acc-1", "metric": "urls", "feature": "sso", "take_id": "1", "inbox_id": "1"}
