@@ -135,6 +135,10 @@ def test_dev_runs_as_the_login_role_and_keeps_three_keys_over_restarts(db_url, r
             base = f"http://127.0.0.1:{port}"
             _wait_until_up(base, time.monotonic() + 60)
             assert _call("PUT", f"{base}/v1/accounts/dev-{start}", key, {"kind": "user"})[0] == 201
+            # dev makes a console key for the run and says where the console is
+            assert f"{base}/console" in "".join(output)
+            with urllib.request.urlopen(f"{base}/console/login", timeout=10) as page:
+                assert page.status == 200 and b'name="api_key"' in page.read()
             users = conn.execute(
                 "SELECT DISTINCT usename FROM pg_stat_activity"
                 " WHERE datname = current_database() AND application_name = 'quota-ledger'"
