@@ -82,7 +82,11 @@ class Sessions:
         except BadSignature:  # SignatureExpired included
             return None
         key = self._key(str(sid))
-        raw = self._redis.getex(key, ex=self.idle_seconds)
+        # GET then EXPIRE (a no-op on a missing key) rather than GETEX, which needs Redis 6.2
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.get(key)
+        pipe.expire(key, self.idle_seconds)
+        raw, _ = pipe.execute()
         if raw is None:
             return None
         return Session(**json.loads(raw))

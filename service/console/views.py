@@ -69,6 +69,8 @@ def _signed_in() -> BaseResponse | None:
     if request.endpoint in _OPEN:
         return None
     s = sessions().load(request.cookies.get(COOKIE))
+    if s is None and request.method == "POST":
+        abort(403, "not signed in, or the session has ended: sign in again")
     if s is None:
         return _to_login("expired" if request.cookies.get(COOKIE) else None)
     owner = key_owner(bytes.fromhex(s.key_hash))

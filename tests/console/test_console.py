@@ -116,6 +116,10 @@ def test_logout_ends_the_session_and_the_old_cookie_no_longer_works(client, keys
     client.set_cookie(COOKIE, old, path="/console")
     r = client.get("/console/accounts")
     assert r.status_code == 302 and "/console/login" in r.location
+    # the old cookie and its token change nothing either
+    client.set_cookie(COOKIE, old, path="/console")
+    r = client.post("/console/accounts/acc-1/delete", data={"csrf_token": token})
+    assert r.status_code == 403 and "not signed in" in r.get_data(as_text=True)
 
 
 def test_a_revoked_key_ends_its_session(client, keys, conn):
