@@ -131,6 +131,17 @@ def test_a_revoked_key_ends_its_session(client, keys, conn):
     assert client.get("/console/login?why=revoked").status_code == 200
 
 
+def test_a_revoked_key_ends_its_session_within_the_key_cache_time(console_settings, keys, conn):
+    with running_app(dataclasses.replace(console_settings, key_cache_seconds=1.0)) as app:
+        client = app.test_client()
+        signed_in(client, keys)
+        revoke_key(conn, name="test-admin")
+        assert client.get("/console/accounts").status_code == 200  # the cached key, for at most 1 s
+        time.sleep(1.2)
+        r = client.get("/console/accounts")
+        assert r.status_code == 302 and "why=revoked" in r.location
+
+
 def test_an_idle_session_ends(console_settings, keys):
     with running_app(dataclasses.replace(console_settings, console_idle_minutes=1 / 60)) as app:
         client = app.test_client()
