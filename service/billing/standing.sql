@@ -12,14 +12,22 @@ SELECT s.provider, s.subscription_id, s.plan, s.status, s.final, s.event_at, s.e
  ORDER BY s.event_at DESC, s.provider, s.subscription_id
 
 -- name: standing_events
--- The latest inbox rows resolved to the account or naming one of its subscriptions, newest first.
--- The inbox has no index by account (every delivery writes it): this reads the primary key from its
--- end and stops at `limit`, quick while the account's events are recent.
-SELECT id, provider, event_id, type, status, error, note, account_id, subscription_id, customer_id,
-       occurred_at, received_at, processed_at, attempts
-  FROM webhook_events
- WHERE account_id = %(account_id)s
-    OR (provider, subscription_id) IN (SELECT provider, subscription_id FROM subscriptions
-                                        WHERE account_id = %(account_id)s)
+-- The latest inbox rows about the account, newest first: those resolved to it (webhook_events_account,
+-- migrations/0024) and those still unmatched that name it (webhook_events_waiting_names, 0008).
+SELECT * FROM (
+    (SELECT id, provider, event_id, type, status, error, note, account_id, subscription_id, customer_id,
+            occurred_at, received_at, processed_at, attempts
+       FROM webhook_events
+      WHERE account_id = %(account_id)s
+      ORDER BY id DESC
+      LIMIT %(limit)s)
+    UNION ALL
+    (SELECT id, provider, event_id, type, status, error, note, account_id, subscription_id, customer_id,
+            occurred_at, received_at, processed_at, attempts
+       FROM webhook_events
+      WHERE status = 'unmatched' AND named_accounts @> ARRAY[%(account_id)s::text]
+      ORDER BY id DESC
+      LIMIT %(limit)s)
+) e
  ORDER BY id DESC
  LIMIT %(limit)s

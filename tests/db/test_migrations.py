@@ -173,8 +173,9 @@ def test_the_row_rules_migration_keeps_ledger_and_counters_in_place(empty_db: st
 
 
 def test_the_history_index_is_built_beside_the_rows_without_rewriting_them(empty_db: str) -> None:
-    """0024 on a ledger with rows: the new index is valid (built CONCURRENTLY, outside a transaction),
-    covers the rows, and the ledger and its other indexes keep their files."""
+    """0024 on a ledger with rows: the new indexes are valid (built CONCURRENTLY, outside a
+    transaction), ledger_history serves the history's read, and the ledger and its other indexes
+    keep their files."""
     _migrate_before(empty_db, "0024")
     files = (
         "SELECT c.relname, c.relfilenode FROM pg_class c WHERE c.relname = 'ledger' OR c.oid IN"
@@ -202,3 +203,7 @@ def test_the_history_index_is_built_beside_the_rows_without_rewriting_them(empty
             " ORDER BY at DESC LIMIT 1"  # the history's row before its range (service/quota/history.sql)
         ).fetchall()
         assert "ledger_history" in " ".join(row[0] for row in plan)
+        valid = c.execute(
+            "SELECT indisvalid FROM pg_index WHERE indexrelid = 'webhook_events_account'::regclass"
+        ).fetchone()
+        assert valid == (True,)
