@@ -13,7 +13,7 @@ SELECT s.provider, s.subscription_id, s.plan, s.status, s.final, s.event_at, s.e
 
 -- name: standing_events
 -- The latest inbox rows about the account, newest first: those resolved to it (webhook_events_account,
--- migrations/0024) and those still unmatched that name it (webhook_events_waiting_names, 0008).
+-- migrations/0025) and those still unmatched that name it (webhook_events_waiting_names, 0008).
 SELECT * FROM (
     (SELECT id, provider, event_id, type, status, error, note, account_id, subscription_id, customer_id,
             occurred_at, received_at, processed_at, attempts

@@ -173,7 +173,7 @@ def test_the_row_rules_migration_keeps_ledger_and_counters_in_place(empty_db: st
 
 
 def test_the_history_index_is_built_beside_the_rows_without_rewriting_them(empty_db: str) -> None:
-    """0024 on a ledger with rows: the new indexes are valid (built CONCURRENTLY, outside a
+    """0024 and 0025 on a ledger with rows: the new indexes are valid (built CONCURRENTLY, outside a
     transaction), ledger_history serves the history's read, and the ledger and its other indexes
     keep their files."""
     _migrate_before(empty_db, "0024")

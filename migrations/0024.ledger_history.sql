@@ -1,0 +1,22 @@
+-- depends: 0023.account_features
+-- transactional: false
+-- ledger_history (issue 27): an account's ledger rows of one metric in time order: the index behind
+-- the usage history (GET /v1/accounts/{id}/usage/history, service/quota/history.sql) and the console's plots, which
+-- read one account's rows of one metric between two days, and the last row before the first day.
+-- No index held that: ledger_chain_seq (account_id, metric, seq) orders the same rows but cannot
+-- find a time in them, so a range of days read every row the metric ever had (100,000 rows for a
+-- busy account, bench/history_bench.py).
+--
+-- What it costs: one more index entry per ledger row on every take and release (the ledger had
+-- five indexes; this is its sixth), about 40 bytes a row plus the account id and metric names
+-- (some 5 GB per 100 million rows); the ledger is append-only and time-ordered per counter, so
+-- entries are added at the right end of each (account, metric) run and pages fill well.
+--
+-- CONCURRENTLY: a ledger of millions of rows would otherwise be locked against every take while
+-- the index is built. It cannot run in a transaction, hence `transactional: false` above. A build
+-- that is interrupted leaves an invalid index of this name, and migrating again stops at it
+-- ("already exists"): `DROP INDEX CONCURRENTLY ledger_history;`, then migrate again. One statement
+-- per migration, so that a failed one leaves nothing else half done. No IF NOT EXISTS: it would skip
+-- an invalid index, and on Citus 13 it has been reported to invalidate an existing one
+-- (citus#8338). On Citus the statement is propagated to every shard.
+CREATE INDEX CONCURRENTLY ledger_history ON ledger (account_id, metric, at);
