@@ -23,9 +23,9 @@ from service.billing import delivery, inbox, standing
 from service.console import plot
 from service.console.sessions import COOKIE, LOGIN_COOKIE, PATH, Session, Sessions, same
 from service.errors import QuotaError
+from service.http import ledger_csv
 from service.http.auth import key_owner
 from service.http.errors import Answer, ValidationFailed
-from service.http.finance import csv_export
 from service.http.inbound import ascii_id
 from service.http.runtime import runtime
 from service.http.schemas import requests as rq
@@ -347,8 +347,8 @@ def ledger_page() -> str:
 
 
 @bp.get("/ledger.csv")
-def ledger_csv() -> Response:
-    return csv_export(_period_arg())
+def ledger_download() -> Response:
+    return ledger_csv.response(_period_arg())
 
 
 # --- the webhook inbox

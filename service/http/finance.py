@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
-from contextlib import ExitStack, closing
-from itertools import chain
+from flask import Blueprint, Response, jsonify
 
-import psycopg
-from flask import Blueprint, Response, jsonify, request
-
+from service.http import ledger_csv
 from service.http.auth import require
 from service.http.errors import ValidationFailed, refuses
 from service.http.runtime import ExportsBusy, runtime
@@ -18,7 +13,6 @@ from service.http.schemas import responses as rs
 from service.http.validation import query_args
 from service.quota import export, ledger
 
-log = logging.getLogger(__name__)
 bp = Blueprint("finance", __name__, url_prefix="/v1")
 
 
@@ -55,58 +49,7 @@ def get_ledger_csv() -> Response:
           description: a header row, then one row per ledger row (README, the CSV export)
           content: {text/csv: {schema: {type: string}}}
     """
-    return csv_export(query_args(rq.PERIOD_QUERY)["period"])
-
-
-def csv_export(period: str) -> Response:
-    """The period's CSV as a streamed response (the console's download too)."""
-    rt = runtime()
-    with ExitStack() as held:
-        conn = held.enter_context(rt.export_connection())
-        rows = held.enter_context(
-            closing(
-                ledger.period_rows(
-                    conn,
-                    period=period,
-                    batch=export.ROWS_PER_CHUNK,  # one fetch per chunk sent: idle at most one send
-                    idle_timeout=rt.settings.export_idle_timeout,
-                )
-            )
-        )
-        # The query runs here, before the response starts: its errors are answered as JSON.
-        first = next(rows, None)
-        body = export.csv_chunks(() if first is None else chain((first,), rows))
-        resp = Response(
-            body,
-            mimetype="text/csv",
-            headers={"Content-Disposition": f'attachment; filename="ledger-{period}.csv"'},
-        )
-        # The server closes the response when it is sent, or when sending it failed.
-        resp.call_on_close(release(held.pop_all()))
-    stall_limit(rt.settings.export_idle_timeout)
-    return resp
-
-
-def release(held: ExitStack) -> Callable[[], None]:
-    """Give the export's cursor, transaction and connection back. Their closing fails when PostgreSQL
-    ended a stalled export (EXPORT_IDLE_TIMEOUT); the response is over either way."""
-
-    def close() -> None:
-        try:
-            held.close()
-        except psycopg.Error as e:
-            log.warning("export ended: %s", e)
-
-    return close
-
-
-def stall_limit(seconds: float) -> None:
-    """A reader that takes nothing for `seconds` fails the response's next send: the server then closes
-    the connection (and so the export). gunicorn gives the app its socket; its gthread worker puts the
-    socket back to blocking for the connection's next request."""
-    sock = request.environ.get("gunicorn.socket")
-    if sock is not None:
-        sock.settimeout(seconds)
+    return ledger_csv.response(query_args(rq.PERIOD_QUERY)["period"])
 
 
 @bp.get("/reconciliation")
