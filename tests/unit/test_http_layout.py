@@ -32,3 +32,13 @@ def test_views_never_import_other_views() -> None:
     assert {"accounts", "admin", "events", "finance", "health", "webhooks"} <= views
     found = {(view, other) for view in views for other in _imports(trees[view]) & views if other != view}
     assert found == KNOWN
+
+
+def test_the_console_takes_nothing_from_the_api_views() -> None:
+    """The console (service/console/) calls what the API's views call, from the modules they take it
+    from; it imports no view module of service/http/."""
+    trees = {p.stem: ast.parse(p.read_text()) for p in HTTP.glob("*.py") if p.stem != "__init__"}
+    views = {name for name, tree in trees.items() if "Blueprint(" in ast.unparse(tree)}
+    console = HTTP.parent / "console"
+    for path in console.glob("*.py"):
+        assert _imports(ast.parse(path.read_text())) & views == set(), path.name
