@@ -329,9 +329,10 @@ def restore(id: str) -> BaseResponse:
 
 
 def _period_arg() -> str:
-    period = request.args.get("period") or periods.current_period()
-    if not periods.LEDGER_PERIOD_RE.fullmatch(period):
-        raise ValidationFailed("the period is a month (YYYY-MM), a day (YYYY-MM-DD) or held", fields={})
+    """The period asked for (the API's PeriodQuery checks it), else the current month."""
+    period: str = load(rq.PERIOD_QUERY, {"period": request.args.get("period") or periods.current_period()})[
+        "period"
+    ]
     return period
 
 
@@ -356,10 +357,9 @@ def ledger_download() -> Response:
 
 @bp.get("/events")
 def event_list() -> str:
-    status = request.args.get("status") or None
-    provider = request.args.get("provider") or None
-    if status not in (None, *InboxStatus) or provider not in (None, *Provider):
-        raise ValidationFailed("unknown status or provider", fields={})
+    # the API's EventsQuery checks the filters; empty ones are none
+    args = load(rq.EVENTS_QUERY, {k: v for k, v in request.args.items() if k in ("status", "provider") and v})
+    status, provider = args.get("status"), args.get("provider")
     after = ascii_id(request.args.get("after", "0")) or 0
     with runtime().connection() as conn:
         rows = inbox.page(conn, after=after, limit=PAGE, status=status, provider=provider)

@@ -181,6 +181,8 @@ def test_a_refusal_of_the_domain_is_a_page_with_its_status(client, keys, account
     assert r.status_code == 422
     assert client.get("/console/accounts/ghost").status_code == 404
     assert client.get("/console/ledger?period=nope").status_code == 422
+    assert client.get("/console/events?status=bogus").status_code == 422
+    assert client.get("/console/events?status=unmatched&provider=").status_code == 200
 
 
 @pytest.mark.parametrize("secret", ["", "x" * 31])
