@@ -165,9 +165,14 @@ def login() -> BaseResponse | tuple[str, int] | str:
             resp.set_cookie(COOKIE, cookie, **_cookie_flags())
             resp.delete_cookie(LOGIN_COOKIE, path=PATH)
             return resp
-    token, cookie = s.login_token()
+    # The token of a login form still open in another tab stays valid: reuse it.
+    token = s.login_token_of(request.cookies.get(LOGIN_COOKIE))
+    cookie: str | None = None
+    if token is None:
+        token, cookie = s.login_token()
     resp = Response(render_template("login.html", csrf=token, message=message), status)
-    resp.set_cookie(LOGIN_COOKIE, cookie, **_cookie_flags(max_age=3600))
+    if cookie is not None:
+        resp.set_cookie(LOGIN_COOKIE, cookie, **_cookie_flags(max_age=3600))
     return resp
 
 
