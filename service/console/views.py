@@ -160,19 +160,19 @@ def login() -> BaseResponse | tuple[str, int] | str:
         elif owner.role not in ROLES:
             message, status = f"A {owner.role} key cannot sign in here: use an admin or finance key.", 403
         else:
-            _, cookie = s.create(key_hash=digest, name=owner.name, role=owner.role)
+            _, signed = s.create(key_hash=digest, name=owner.name, role=owner.role)
             resp = redirect(url_for("console.account_list"))
-            resp.set_cookie(COOKIE, cookie, **_cookie_flags())
+            resp.set_cookie(COOKIE, signed, **_cookie_flags())
             resp.delete_cookie(LOGIN_COOKIE, path=PATH)
             return resp
     # The token of a login form still open in another tab stays valid: reuse it.
     token = s.login_token_of(request.cookies.get(LOGIN_COOKIE))
-    cookie: str | None = None
+    fresh = None
     if token is None:
-        token, cookie = s.login_token()
+        token, fresh = s.login_token()
     resp = Response(render_template("login.html", csrf=token, message=message), status)
-    if cookie is not None:
-        resp.set_cookie(LOGIN_COOKIE, cookie, **_cookie_flags(max_age=3600))
+    if fresh is not None:
+        resp.set_cookie(LOGIN_COOKIE, fresh, **_cookie_flags(max_age=3600))
     return resp
 
 
