@@ -31,6 +31,7 @@ import type {
   ReleaseResult,
   TakeGranted,
   TakeLinesGranted,
+  TakeLinesRefused,
   TakeLinesResult,
   TakeRefused,
   TakeResult,
@@ -154,11 +155,11 @@ export function linePairs(lines: Lines): Array<[string, number]> {
   return pairs.map(([metric, units]) => [metric, units]);
 }
 
-/** The error `withSlot` throws for a refused take, before `fn` runs. */
-export function refusalError(took: TakeRefused): QuotaClientError {
+/** The error `withSlot` (`withLines`) throws for a refused take, before `fn` runs. */
+export function refusalError(took: TakeRefused | TakeLinesRefused): QuotaClientError {
   switch (took.reason) {
     case "exhausted":
-      return new QuotaExceededError(took);
+      return "short" in took ? new LinesExceededError(took) : new QuotaExceededError(took);
     case "unknown-account":
       return new UnknownAccountError(404, "unknown_account", took.message);
     case "deleted":
@@ -406,10 +407,7 @@ export class QuotaClient {
       if (mayHold(error)) await this.#giveBackLines(accountId, asked, idempotencyKey, null);
       throw error;
     }
-    if (!taken.granted) {
-      if (taken.reason === "exhausted") throw new LinesExceededError(taken);
-      throw refusalError({ ...taken, metric: asked[0]?.[0] ?? "", units: asked[0]?.[1] ?? 0 });
-    }
+    if (!taken.granted) throw refusalError(taken);
     try {
       return await fn(taken);
     } catch (error) {
@@ -487,23 +485,21 @@ export class QuotaClient {
     const started = Date.now();
     for (let attempt = 0; ; attempt++) {
       const left = this.deadlineMs - (Date.now() - started);
-      let outcome: Answer | unknown;
+      let answer: Answer | null = null;
+      let failure: unknown = null;
       try {
-        outcome = await this.#attempt(call, Math.max(1, Math.min(this.timeoutMs, left)));
+        answer = await this.#attempt(call, Math.max(1, Math.min(this.timeoutMs, left)));
       } catch (error) {
-        outcome = error;
+        failure = error;
       }
-      const answered = outcome !== null && typeof outcome === "object" && "status" in outcome && !(outcome instanceof Error);
-      if (answered && !RETRY_STATUSES.has((outcome as Answer).status)) return outcome as Answer;
-      const retryAfter = answered ? (outcome as Answer).retryAfter : null;
-      const wait = this.#delay(attempt, retryAfter);
+      if (answer !== null && !RETRY_STATUSES.has(answer.status)) return answer;
+      const wait = this.#delay(attempt, answer?.retryAfter ?? null);
       const last = attempt >= this.retries || Date.now() - started + wait >= this.deadlineMs;
-      if (answered) {
-        if (last) return outcome as Answer;
-      } else if (last || !isTransportFailure(outcome)) {
+      if (answer !== null && last) return answer;
+      if (answer === null && (last || !isTransportFailure(failure))) {
         throw new ConnectionFailedError(
-          `${call.method} ${call.path}: no answer after ${attempt + 1} attempt(s): ${String(outcome)}`,
-          { cause: outcome },
+          `${call.method} ${call.path}: no answer after ${attempt + 1} attempt(s): ${String(failure)}`,
+          { cause: failure },
         );
       }
       await sleep(wait);

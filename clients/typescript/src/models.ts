@@ -106,7 +106,8 @@ export interface TakeLinesRefusedAccount {
   message: string;
 }
 
-export type TakeLinesResult = TakeLinesGranted | TakeLinesExhausted | TakeLinesRefusedAccount;
+export type TakeLinesRefused = TakeLinesExhausted | TakeLinesRefusedAccount;
+export type TakeLinesResult = TakeLinesGranted | TakeLinesRefused;
 
 /** One take of `takeBatch`: what `take` takes, for any account. */
 export interface BatchItem {
