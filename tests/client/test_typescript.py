@@ -23,7 +23,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from service.quota import features
+from service import vocabulary as v
+from service.http.schemas import fields, requests
+from service.quota import features, periods, takes
 from tests.client.conftest import PLANS
 from tests.client.proxy import FlakyProxy
 from tests.db.helpers import set_override, soft_delete
@@ -52,6 +54,27 @@ def _free_plan() -> dict[str, Any]:
         "limits": dict(free.limits),
         "metrics": {m: {"reset": k.reset} if k.reset else {"kind": k.kind} for m, k in PLANS.kinds.items()},
         "features": {f: f in free.features for f in PLANS.features},
+    }
+
+
+def _vocabulary() -> dict[str, Any]:
+    """The service's words and bounds that the TypeScript fake copies (its VOCABULARY), as
+    tests/client/test_vocabulary.py holds the Python fake's."""
+    return {
+        "accountKinds": [str(k) for k in v.AccountKind],
+        "accountId": v.ACCOUNT_ID_PATTERN,
+        "accountIdRule": v.ACCOUNT_ID_RULE,
+        "releaseReasons": [str(r) for r in v.ReleaseReason],
+        "limitSources": [str(s) for s in v.LimitSource],
+        "noSubscription": str(v.SubscriptionStatus.NONE),
+        "metricKinds": [str(k) for k in v.MetricKind],
+        "resets": [str(r) for r in v.ResetInterval],
+        "held": periods.HELD,
+        "usagePeriod": periods.MONTH_OR_DAY_RE.pattern,
+        "maxUnits": fields.MAX_UNITS,
+        "maxLines": takes.MAX_LINES,
+        "maxItems": requests.MAX_ITEMS,
+        "lineSeparator": fields.LINE_SEPARATOR,
     }
 
 
@@ -152,6 +175,7 @@ def test_the_typescript_client_against_the_service_and_its_fake(
         "QUOTA_TEST_CONTROL": control,
         "QUOTA_TEST_API_KEY": product_key,
         "QUOTA_TEST_FREE_PLAN": json.dumps(_free_plan()),
+        "QUOTA_TEST_VOCABULARY": json.dumps(_vocabulary()),
     }
     ran = _npm("test", env=env)
     out = ran.stdout + ran.stderr

@@ -44,6 +44,25 @@ const MAX_ITEMS = 1000;
 const LINE_SEPARATOR = "\x1f";
 const BASE_URL = "http://quota.in-memory";
 
+/** The service's words and bounds as this fake copies them; the service's test run holds each to its
+ * original (tests/client/test_typescript.py passes them, test/testing.test.ts compares). */
+export const VOCABULARY = {
+  accountKinds: ACCOUNT_KINDS,
+  accountId: ACCOUNT_ID.source,
+  accountIdRule: ACCOUNT_ID_RULE,
+  releaseReasons: [ALREADY_RELEASED, PERIOD_CLOSED],
+  limitSources: [OVERRIDE, PLAN],
+  noSubscription: NO_SUBSCRIPTION,
+  metricKinds: [CONSUMABLE, ALLOCATION],
+  resets: [MONTH, DAY],
+  held: HELD,
+  usagePeriod: USAGE_PERIOD.source,
+  maxUnits: MAX_UNITS,
+  maxLines: MAX_LINES,
+  maxItems: MAX_ITEMS,
+  lineSeparator: LINE_SEPARATOR,
+} as const;
+
 type Json = Record<string, unknown>;
 type Reply = [number, Json];
 type Fields = Record<string, string[]>;

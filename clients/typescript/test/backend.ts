@@ -47,6 +47,7 @@ export const SERVICE = process.env["QUOTA_TEST_URL"]
       control: process.env["QUOTA_TEST_CONTROL"] ?? "",
       apiKey: process.env["QUOTA_TEST_API_KEY"] ?? "",
       freePlan: process.env["QUOTA_TEST_FREE_PLAN"] ?? "",
+      vocabulary: process.env["QUOTA_TEST_VOCABULARY"] ?? "",
     }
   : null;
 

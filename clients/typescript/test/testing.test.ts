@@ -8,7 +8,9 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import { QuotaExceededError, ServerError, UnknownAccountError, ValidationError } from "@quota-ledger/client";
-import { InMemoryQuota, InMemoryService } from "@quota-ledger/client/testing";
+import { InMemoryQuota, InMemoryService, VOCABULARY } from "@quota-ledger/client/testing";
+
+import { SERVICE } from "./backend.js";
 
 test("the five-line example of the README", async () => {
   const quota = new InMemoryQuota({ limits: { links: 5 } });
@@ -117,4 +119,13 @@ test("two fakes can share one service", async () => {
   await one.ensureAccount("a");
   assert.equal((await one.take("a", "urls")).granted, true);
   assert.equal((await two.take("a", "urls")).granted, false);
+});
+
+test("the fake's words are the service's", { skip: !SERVICE?.vocabulary }, () => {
+  const service = JSON.parse(SERVICE!.vocabulary) as Record<string, unknown>;
+  // The fake has no plans, so no free_fallback: its limit sources are some of the service's.
+  const { limitSources, ...rest } = VOCABULARY;
+  const { limitSources: all, ...theirs } = service as { limitSources: string[] };
+  assert.deepEqual(rest, theirs);
+  assert.ok(limitSources.every((s) => all.includes(s)));
 });
