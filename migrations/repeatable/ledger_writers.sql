@@ -162,6 +162,56 @@ SELECT e.id, g.metric, g.units::bigint, g.used::bigint, g.lim, g.period::text, g
 END
 $f$;
 
+-- A batch of independent takes (takes.py take_each, POST /v1/takes/batch) in one statement and one
+-- transaction. Each item is taken by ledger_take exactly as a single take is, in (account, metric)
+-- order, the order the resets lock counters in, so a batch never waits in a cycle with another batch,
+-- a multi-line take (one account's counters in metric order) or a reset; the items of one counter go
+-- in item order, so each answer is the one the same takes made one after another would get. An item
+-- refused reads the counter it met, as takes.sql `take_refusal` does (`deleted` NULL: no such
+-- account); an item whose idempotency key is in the ledger already is not taken (`key_met`), and the
+-- caller replays it as a single take's refusal does. One commit for the batch instead of one per item
+-- is what makes a batch cheaper than its takes one by one (bench/README.md, "Takes in bulk"). A key
+-- used concurrently between the look-up and the INSERT raises a unique violation, which undoes the
+-- whole batch: the caller then takes the items one by one. Not used on Citus, where one transaction
+-- must stay on one account's shard.
+CREATE OR REPLACE FUNCTION ledger_take_each(
+    p_account_ids text[], p_metrics text[], p_units bigint[], p_periods text[], p_keys text[], p_actor text
+) RETURNS TABLE (item integer, granted boolean, key_met boolean, take_id bigint, used bigint, "limit" bigint,
+                 counter_period text, limit_source text, deleted boolean)
+LANGUAGE plpgsql SET search_path = pg_catalog, public, pg_temp AS $f$
+DECLARE
+    x record;
+BEGIN
+    FOR x IN SELECT t.account_id, t.metric, t.units, t.period, t.key, t.n::integer AS n
+               FROM unnest(p_account_ids, p_metrics, p_units, p_periods, p_keys) WITH ORDINALITY
+                    AS t (account_id, metric, units, period, key, n)
+              ORDER BY t.account_id, t.metric, t.n
+    LOOP
+        item := x.n;
+        granted := false;
+        deleted := NULL;
+        key_met := x.key IS NOT NULL
+                   AND EXISTS (SELECT FROM ledger l WHERE l.account_id = x.account_id AND l.idempotency_key = x.key);
+        IF key_met THEN
+            take_id := NULL; used := NULL; "limit" := NULL; counter_period := NULL; limit_source := NULL;
+        ELSE
+            SELECT t.take_id, t.used, t."limit", t.period, t.limit_source
+              INTO take_id, used, "limit", counter_period, limit_source
+              FROM ledger_take(x.account_id, x.metric, x.units, x.period, x.key, p_actor) AS t;
+            granted := FOUND;
+            IF NOT granted THEN  -- no row: every field NULL, no such account
+                SELECT a.deleted, q.used, q.lim, q.period, q.limit_source
+                  INTO deleted, used, "limit", counter_period, limit_source
+                  FROM accounts a
+                  LEFT JOIN quotas q ON q.account_id = a.id AND q.metric = x.metric
+                 WHERE a.id = x.account_id;
+            END IF;
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END
+$f$;
+
 -- The lazy rollover of one counter into p_period (takes.sql `roll_over`), and the ledger row that
 -- records what it cleared: from an earlier period of the same kind, or from a period of another kind
 -- (month, day, held: service/quota/periods.py) when the metric's kind changed in the plan config
@@ -446,6 +496,7 @@ REVOKE INSERT ON audit_log FROM quota_app;
 CALL set_function_grants(
     ARRAY['ledger_take(text, text, bigint, text, text, text)',
           'ledger_take_lines(text, text[], bigint[], text[], text, text)',
+          'ledger_take_each(text[], text[], bigint[], text[], text[], text)',
           'take_line_key(text, integer)',
           'take_line_keys(text)',
           'ledger_roll_over(text, text, text, text)',

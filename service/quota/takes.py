@@ -100,33 +100,19 @@ class _Counter:
 
 
 @dataclass(frozen=True, kw_only=True)
-class _Refused:
-    """A batch item's statement (take_or_refusal): granted, the take's numbers; refused, the counter
-    it met (`deleted` None: no such account), or nothing read (`counter_read` false: on Citus)."""
+class _Item:
+    """A batch item's row of the take_each statement: granted, the take's numbers; refused, the
+    counter it met (`deleted` None: no such account); `key_met`: not taken, its key is used already."""
 
+    item: int
     granted: bool
+    key_met: bool
     take_id: int | None
     used: int | None
     limit: int | None
     counter_period: str | None
     limit_source: str | None
     deleted: bool | None
-    counter_read: bool = True
-
-    @classmethod
-    def of(cls, take: Take) -> _Refused:
-        """take_delegated's row: granted, or refused with nothing read (its row of NULLs)."""
-        granted = take.take_id is not None
-        return cls(
-            granted=granted,
-            take_id=take.take_id,
-            used=take.used,
-            limit=take.limit,
-            counter_period=take.counter_period,
-            limit_source=take.limit_source,
-            deleted=None,
-            counter_read=False,
-        )
 
     @property
     def counter(self) -> _Counter | None:
@@ -224,12 +210,10 @@ def _attempt(
     )
 
 
-def _after_refusal(
-    conn: Connection, plans: PlanConfig, attempt: _Attempt, seen: _Refused | None = None
-) -> Take:
+def _after_refusal(conn: Connection, plans: PlanConfig, attempt: _Attempt, seen: _Item | None = None) -> Take:
     """A single take whose statement matched nothing: the original take of its key, or the counter
     mended (`_mend`) and the statement again, or what the client must be told. `seen`: the counter
-    as the refused statement met it, when it read it (take_or_refusal)."""
+    as the refused statement met it, when it read it (a batch's take_each)."""
     for _ in range(MAX_PASSES):
         earlier = _replay(conn, attempt)
         if earlier is not None:
@@ -244,7 +228,7 @@ def _after_refusal(
 
 
 def _mend(
-    conn: Connection, plans: PlanConfig, attempt: _Attempt, seen: _Refused | None = None
+    conn: Connection, plans: PlanConfig, attempt: _Attempt, seen: _Item | None = None
 ) -> tuple[_Attempt, _Counter]:
     """Why a take's statement matched nothing, mended where a take may mend it: the counter created
     (with its plan's limits), rolled over into the attempt's period, or moved to the metric's kind.
@@ -340,11 +324,11 @@ def take_each(
     conn: Connection, plans: PlanConfig, items: Sequence[TakeItem], *, actor: str
 ) -> list[Take | QuotaError]:
     """Each item exactly as `take` of it would answer (the take, or the domain error it would raise),
-    in item order; the items are independent (not atomic). Their statements go to the database in
-    one round trip (`pipelined`: each its own transaction, as a single take's); a statement refused
-    reads in itself the counter it met (take_or_refusal), which answers an exhausted item at once,
-    and an item to mend or replay goes on as a single take's refusal does, one by one. An item whose
-    statement failed (its key met an earlier take) is taken again as a single take."""
+    in item order; the items are independent (not atomic: each is granted or refused on its own).
+    They are taken in one statement and one transaction (take_each); an item refused there (or whose
+    key is used already) goes on as a single take's refusal does, one by one, after that commit. On
+    Citus, or when that statement failed (a key used concurrently, a lock cycle), the items go one
+    statement each, still in one round trip (`_take_one_by_one`)."""
     results: list[Take | QuotaError | None] = [None] * len(items)
     pending: list[tuple[int, _Attempt]] = []
     for i, item in enumerate(items):
@@ -356,24 +340,49 @@ def take_each(
             results[i] = e
             continue
         pending.append((i, attempt))
-    params = [vars(attempt) for _, attempt in pending]
-    if pending and on_citus(conn):  # the delegated call, alone: its refusal is read after the fact
-        delegated = pipelined(conn, Q.take_delegated, params, row_factory=class_row(Take))
-        answers = [None if rows is None else [_Refused.of(row) for row in rows] for rows in delegated]
-    else:
-        answers = pipelined(conn, Q.take_or_refusal, params, row_factory=class_row(_Refused))
-    for (i, attempt), rows in zip(pending, answers, strict=True):
+    answers: Sequence[Take | _Item | None] | None = None
+    if pending and not on_citus(conn):
+        answers = _take_together(conn, [a for _, a in pending])
+    if answers is None:
+        answers = _take_one_by_one(conn, [a for _, a in pending])
+    for (i, attempt), answer in zip(pending, answers, strict=True):
         try:
-            if rows is None:  # the statement failed: a key met, or an error the single take will raise
-                results[i] = _take_alone(conn, plans, attempt)
-            elif rows and rows[0].granted:
-                results[i] = rows[0].take(attempt)
+            if isinstance(answer, Take):
+                results[i] = answer
+            elif answer is not None and answer.granted:
+                results[i] = answer.take(attempt)
             else:
-                seen = rows[0] if rows and rows[0].counter_read else None
+                seen = answer if answer is not None and not answer.key_met else None
                 results[i] = _after_refusal(conn, plans, attempt, seen)
         except QuotaError as e:
             results[i] = e
     return [r for r in results if r is not None]
+
+
+def _take_together(conn: Connection, attempts: list[_Attempt]) -> list[_Item] | None:
+    """The batch's one statement (take_each): a row per attempt, in order; None when it was undone
+    (a key taken concurrently between its look-up and its INSERT, or a deadlock), nothing written."""
+    params = {
+        "account_ids": [a.account_id for a in attempts],
+        "metrics": [a.metric for a in attempts],
+        "units": [a.units for a in attempts],
+        "periods": [a.period for a in attempts],
+        "keys": [a.idempotency_key for a in attempts],
+        "actor": attempts[0].actor,
+    }
+    try:
+        with conn.cursor(row_factory=class_row(_Item)) as cur:
+            return cur.execute(Q.take_each, params).fetchall()
+    except (psycopg.errors.UniqueViolation, psycopg.errors.DeadlockDetected):
+        return None
+
+
+def _take_one_by_one(conn: Connection, attempts: list[_Attempt]) -> list[Take | None]:
+    """Each attempt's take statement, its own transaction, all in one round trip (`pipelined`): the
+    take, or None when refused (or failed: a key met), for the caller to go on as a single take."""
+    query = Q.take_delegated if on_citus(conn) else Q.take
+    answers = pipelined(conn, query, [vars(a) for a in attempts], row_factory=class_row(Take))
+    return [None if rows is None or not rows else _granted(rows[0]) for rows in answers]
 
 
 def _take(conn: Connection, attempt: _Attempt) -> Take | None:

@@ -9,24 +9,15 @@ SELECT take_id, metric, units, used, "limit", period AS counter_period, limit_so
   FROM ledger_take(%(account_id)s::text, %(metric)s::text, %(units)s::bigint, %(period)s::text,
                    %(idempotency_key)s::text, %(actor)s::text)
 
--- name: take_or_refusal
--- A batch item's take (takes.py take_each): the take statement, and when it matched nothing, the
--- refusal read (take_refusal) in the same statement, so one round trip answers the item and the
--- counter it reports is as it stood when the take was refused, not after the batch's later items.
--- `granted` false with `deleted` NULL: no such account. The single take keeps `take` alone.
-WITH granted AS MATERIALIZED (
-    SELECT take_id, metric, units, used, "limit", period, limit_source
-      FROM ledger_take(%(account_id)s::text, %(metric)s::text, %(units)s::bigint, %(period)s::text,
-                       %(idempotency_key)s::text, %(actor)s::text)
-)
-SELECT true AS granted, take_id, used, "limit", period AS counter_period, limit_source, NULL::boolean AS deleted
-  FROM granted
-UNION ALL
-SELECT false, NULL, q.used, q.lim, q.period, q.limit_source, a.deleted
-  FROM (SELECT) AS one
-  LEFT JOIN accounts a ON a.id = %(account_id)s
-  LEFT JOIN quotas q ON q.account_id = a.id AND q.metric = %(metric)s
- WHERE NOT EXISTS (SELECT FROM granted)
+-- name: take_each
+-- A batch's takes (takes.py take_each), one statement and one transaction: ledger_take_each
+-- (migrations/repeatable/ledger_writers.sql) takes each item as `take` would, or says why not (the
+-- counter it met; `key_met`: the item's key is taken already). Items are parallel arrays; one row
+-- per item, in item order (`item` counts from 1). Not on Citus: one transaction, many shards.
+SELECT item, granted, key_met, take_id, used, "limit", counter_period, limit_source, deleted
+  FROM ledger_take_each(%(account_ids)s::text[], %(metrics)s::text[], %(units)s::bigint[], %(periods)s::text[],
+                        %(keys)s::text[], %(actor)s::text)
+ ORDER BY item
 
 -- name: take_refusal
 -- Why did `take` match nothing? Read after the fact; the caller retries where the answer allows.

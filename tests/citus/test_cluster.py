@@ -432,3 +432,41 @@ def test_the_take_is_one_call_delegated_to_the_accounts_worker(conn, plans):
     ).fetchall()
     assert got == [("take", 1, True), ("reset", 2, True), ("take", 3, True), ("take", 4, True)]
     assert chain.verify(conn, account_id=account).ok
+
+
+def test_a_multi_line_take_touches_its_accounts_shard_alone(conn, plans):
+    """ledger_take_lines, one call run on the coordinator: each of its steps (the lock of the lines'
+    counters in metric order, their UPDATE, the ledger rows) is sent to the account's shards, and
+    all the lines are taken or none."""
+    account = new_account(conn, plans)
+    lines = [takes.Line(metric="urls", units=2), takes.Line(metric="seats")]
+    set_override(conn, account, "seats", 10)
+    takes.take_lines(conn, plans, account_id=account, lines=lines, actor="t")  # counters created first
+    sent = _commands(
+        conn,
+        lambda: takes.take_lines(
+            conn, plans, account_id=account, lines=lines, idempotency_key="k", actor="t"
+        ),
+    )
+    assert {t for t, _ in _account_shards(conn, sent)} >= {"quotas", "ledger"}, sent
+    set_override(conn, account, "seats", 2)
+    with pytest.raises(QuotaExhausted):
+        takes.take_lines(conn, plans, account_id=account, lines=lines, actor="t")
+    used = dict(conn.execute("SELECT metric, used FROM quotas WHERE account_id = %s", (account,)).fetchall())
+    assert (used["urls"], used["seats"]) == (4, 2)
+    assert chain.verify(conn, account_id=account).ok
+
+
+def test_a_batch_on_the_cluster_delegates_each_item_to_its_accounts_worker(conn, plans):
+    """On Citus a batch's items go one by one (one transaction may not span shards): each item's
+    take is a take_delegated call, and a refused item is answered as its single take would be."""
+    accounts = _spread_accounts(conn, plans, 4)
+    set_override(conn, accounts[0], "urls", 1)
+    items = [takes.TakeItem(account_id=a, metric="urls") for a in accounts] + [
+        takes.TakeItem(account_id=accounts[0], metric="urls")
+    ]
+    sent = _commands(conn, lambda: takes.take_each(conn, plans, items, actor="t"))
+    got = takes.take_each(conn, plans, items, actor="t")
+    assert all(isinstance(r, takes.Take) for r in got[1:4]) and isinstance(got[0], QuotaExhausted)
+    assert sum("take_delegated" in c for c in sent) >= len(items)
+    assert not any("ledger_take_each" in c for c in sent), sent

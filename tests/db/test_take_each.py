@@ -67,8 +67,8 @@ def test_each_item_is_answered_as_its_single_take(conn, plans, monkeypatch, dele
 
 def test_batches_over_the_same_accounts_from_many_connections_never_overshoot(conn, plans, connect):
     """Every connection sends one batch of a take on each of ten accounts, half of them in the
-    opposite order: each statement is its own transaction, so no batch holds one account's lock
-    while it waits for another's, and the limits hold."""
+    opposite order: a batch is one transaction that locks its counters in (account, metric) order
+    whatever the item order, so no two batches wait on each other in a cycle, and the limits hold."""
     accounts = [new_account(conn, plans) for _ in range(10)]
     for account in accounts:
         set_override(conn, account, "urls", 15)
@@ -128,3 +128,84 @@ def test_a_single_and_a_multi_line_take_racing_for_one_key_never_both_win(conn, 
     assert set(results) in ({"lines", "reused"}, {"single", "reused"})
     took = counter(conn, account, "urls")["used"], counter(conn, account, "seats")["used"]
     assert took == ((2, 1) if "lines" in results else (0, 1))
+
+
+def test_a_batch_is_one_transaction_and_one_statement(conn, plans):
+    """What makes a batch cheaper than its takes one by one: one commit for all of its items."""
+    accounts = [new_account(conn, plans) for _ in range(3)]
+    items = [TakeItem(account_id=accounts[i % 3], metric="urls") for i in range(9)]
+    got = takes.take_each(conn, plans, items, actor="t")
+    assert all(isinstance(r, takes.Take) and not r.replayed for r in got)
+    ids = [r.take_id for r in got if isinstance(r, takes.Take)]
+    xacts = conn.execute("SELECT DISTINCT xmin::text FROM ledger WHERE id = ANY(%s)", (ids,)).fetchall()
+    assert len(xacts) == 1
+
+
+def test_a_key_taken_while_the_batch_runs_undoes_it_and_the_items_go_one_by_one(conn, plans, connect):
+    """The batch looks a key up before its take; a take of that key committed in between makes the
+    batch's INSERT meet it (a unique violation), which undoes the whole statement. The items are
+    then taken one by one: the keyed one answers the other take (replayed), the others are taken
+    once, and no counter moved twice."""
+    a, b = new_account(conn, plans), new_account(conn, plans)
+    other, batch_conn = connect(2)
+    with other.transaction():
+        mine = takes.take(other, plans, account_id=a, metric="urls", idempotency_key="k", actor="other")
+        waiting = {}
+
+        def run_batch() -> None:
+            items = [
+                TakeItem(account_id=b, metric="urls"),
+                TakeItem(account_id=a, metric="urls", idempotency_key="k"),
+                TakeItem(account_id=b, metric="urls", units=2),
+            ]
+            waiting["got"] = takes.take_each(batch_conn, plans, items, actor="t")
+
+        import threading
+        import time
+
+        t = threading.Thread(target=run_batch)
+        t.start()
+        # the batch's INSERT of key k waits on the uncommitted row of this transaction
+        deadline = time.monotonic() + 10
+        while not conn.execute(
+            "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock')",
+            (batch_conn.info.backend_pid,),
+        ).fetchone()[0]:
+            assert time.monotonic() < deadline, "the batch never waited on the key"
+            time.sleep(0.02)
+    t.join(10)
+    first, keyed, second = waiting["got"]
+    assert isinstance(keyed, takes.Take) and keyed.replayed and keyed.take_id == mine.take_id
+    assert isinstance(first, takes.Take) and isinstance(second, takes.Take) and second.used == 3
+    assert assert_counter_matches_ledger(conn, a, "urls")["used"] == 1
+    assert assert_counter_matches_ledger(conn, b, "urls")["used"] == 3
+
+
+def test_batches_and_multi_line_takes_in_opposite_orders_never_deadlock(conn, plans, connect):
+    """Batches lock in (account, metric) order and a multi-line take its account's counters in
+    metric order: the same order, so neither waits on the other in a cycle whatever the request
+    order (a deadlock would undo a batch and fail a multi-line take)."""
+    accounts = [new_account(conn, plans) for _ in range(4)]
+    conns = connect(16)
+    lines = [takes.Line(metric="seats"), takes.Line(metric="urls")]
+    batch = [TakeItem(account_id=x, metric=m) for x in accounts for m in ("urls", "seats")]
+    for x in accounts:
+        set_override(conn, x, "seats", 1000)
+
+    def one(c: Any) -> Any:
+        i = conns.index(c)
+        if i % 2:
+            return takes.take_each(c, plans, batch if i % 4 == 1 else batch[::-1], actor="t")
+        return takes.take_lines(
+            c, plans, account_id=accounts[i // 2 % 4], lines=lines[:: 1 if i % 3 else -1], actor="t"
+        )
+
+    results = race(conns, one)
+    assert [r for r in results if isinstance(r, BaseException)] == []
+    deadlocks = conn.execute(
+        "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+    ).fetchone()[0]
+    assert deadlocks == 0
+    for x in accounts:
+        assert assert_counter_matches_ledger(conn, x, "urls")["used"] == 8 + 2
+        assert assert_counter_matches_ledger(conn, x, "seats")["used"] == 8 + 2
