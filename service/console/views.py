@@ -212,9 +212,10 @@ def home() -> BaseResponse:
 @bp.get("/accounts")
 def account_list() -> str:
     """Accounts by id prefix, Stripe customer or plan, in id order, PAGE at a time."""
-    q = request.args.get("q", "").strip()[:255] or None
+    # No control characters (PostgreSQL text refuses NUL): such a search finds nothing.
+    q = _printable(request.args.get("q", "").strip()[:255]) or None
     by = request.args.get("by", "id")
-    after = request.args.get("after", "")[:255]
+    after = _printable(request.args.get("after", "")[:255])
     rt = runtime()
     criteria = {"prefix": q if by == "id" else None, "customer_id": q if by == "customer" else None}
     criteria["plan"] = q if by == "plan" else None
@@ -224,6 +225,11 @@ def account_list() -> str:
     return render_template(
         "accounts.html", found=found, q=q or "", by=by, after=after, more=more, plans=list(rt.plans.plans)
     )
+
+
+def _printable(text: str) -> str:
+    """`text` without its control characters (C0, DEL, C1)."""
+    return "".join(c for c in text if c.isprintable() or c == " ")
 
 
 @bp.get("/accounts/<id>")
@@ -290,9 +296,12 @@ def override(id: str) -> BaseResponse:
             overrides.clear_override(conn, rt.plans, account_id=id, metric=metric, actor=session().name)
             return _done(id, "cleared")
         raw = request.form.get("limit", "").strip()
-        if raw and not raw.isdigit():
+        digits = (
+            ascii_id(raw) if raw else None
+        )  # ASCII digits only: isdigit() takes "²" and full-width digits
+        if raw and digits is None:
             raise ValidationFailed("the limit is a whole number, or blank for unlimited", fields={})
-        limit = load(rq.OVERRIDE_PUT, {"limit": int(raw) if raw else None})["limit"]
+        limit = load(rq.OVERRIDE_PUT, {"limit": digits})["limit"]
         overrides.set_override(
             conn, rt.plans, account_id=id, metric=metric, limit=limit, actor=session().name
         )

@@ -224,3 +224,19 @@ def test_the_pages_answer(client, keys, account):
     assert csv.status_code == 200 and csv.mimetype == "text/csv"
     csv.close()
     assert "key_created" in client.get("/console/audit").get_data(as_text=True)
+
+
+def test_hostile_search_and_form_values_are_refusals_not_errors(client, keys, account):
+    """A NUL in a search (PostgreSQL text refuses it) finds nothing; a limit in other Unicode digits
+    ("²" is a digit to isdigit, and not to int; full-width ones are to both) is refused, not read."""
+    signed_in(client, keys)
+    for query in ("q=%00&by=id", "q=a%00b&by=customer", "q=%00&by=plan", "after=%00"):
+        r = client.get(f"/console/accounts?{query}")
+        assert r.status_code == 200, (query, r.status_code)
+    token = csrf_of(client.get("/console/accounts/acc-1").get_data(as_text=True))
+    for limit in ("\u00b2", "\uff11\uff12", "7x"):
+        r = client.post(
+            "/console/accounts/acc-1/override", data={"metric": "urls", "limit": limit, "csrf_token": token}
+        )
+        assert r.status_code == 422, (limit, r.status_code)
+    assert override_of(client, keys) is None

@@ -77,6 +77,8 @@ def test_refusals(client, keys, account):
     backwards = history(client, keys, "urls", now.isoformat(), (now - timedelta(days=1)).isoformat())
     assert_error(backwards, 422, "validation_failed")
     assert_error(history(client, keys, "urls", "2026-02-30", now.isoformat()), 422, "validation_failed")
+    # the last day there is: its range would end on a day that does not exist (was a 500)
+    assert_error(history(client, keys, "urls", "9999-12-31", "9999-12-31"), 422, "validation_failed")
     assert_error(history(client, keys, "nope", now.isoformat(), now.isoformat()), 422, "unknown_metric")
     assert_error(
         history(client, keys, "urls", now.isoformat(), now.isoformat(), "ghost"), 404, "unknown_account"

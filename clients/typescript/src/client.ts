@@ -100,14 +100,16 @@ export function segment(value: string): string {
 }
 
 /** Whether an error of fetch means the request may not have arrived or its answer was lost: a
- * timeout, or a socket's failure (an error with a system or undici `code`). A malformed URL or an
- * unsupported scheme fails the same way every time. */
+ * timeout, or a socket's failure (an error with a system or undici `code`: ECONNRESET,
+ * UND_ERR_SOCKET, ...). A malformed URL or an unsupported scheme fails the same way every time:
+ * Node's own errors of a call made wrong (`ERR_INVALID_URL`, ...) are not retried. */
 export function isTransportFailure(error: unknown): boolean {
   if (!(error instanceof Error)) return false;
   if (error.name === "TimeoutError" || error.name === "AbortError") return true;
   let cause: unknown = error.cause;
   for (let depth = 0; cause instanceof Object && depth < 4; depth++) {
-    if (typeof (cause as { code?: unknown }).code === "string") return true;
+    const code = (cause as { code?: unknown }).code;
+    if (typeof code === "string") return !code.startsWith("ERR_");
     cause = (cause as { cause?: unknown }).cause;
   }
   return false;
@@ -196,6 +198,7 @@ export class QuotaClient {
 
   constructor(options: QuotaClientOptions) {
     this.baseUrl = options.baseUrl.replace(/\/+$/, "");
+    new URL(this.baseUrl); // a TypeError now for a base URL no request could use, not a retried failure
     this.#apiKey = options.apiKey;
     this.timeoutMs = options.timeoutMs ?? 5000;
     this.retries = options.retries ?? 3;

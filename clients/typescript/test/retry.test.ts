@@ -116,8 +116,21 @@ test("a request that cannot be sent is not retried, and withSlot gives nothing b
   assert.equal(calls, 1);
   await assert.rejects(quota.withSlot("a", "urls", () => 1), ConnectionFailedError);
   assert.equal(calls, 2);
-  const real = new QuotaClient({ baseUrl: "not a url", apiKey: "k" });
-  await assert.rejects(real.take("a", "urls"), ConnectionFailedError);
+  assert.throws(() => new QuotaClient({ baseUrl: "not a url", apiKey: "k" }), TypeError);
+  assert.throws(() => new QuotaClient({ baseUrl: "", apiKey: "k" }), TypeError);
+});
+
+test("Node's own error of a call made wrong (ERR_*) is not a lost answer: no retry, nothing given back", async () => {
+  let calls = 0;
+  const releaseErrors: unknown[] = [];
+  const fetch: Fetch = async () => {
+    calls++;
+    throw new TypeError("fetch failed", { cause: Object.assign(new TypeError("Invalid URL"), { code: "ERR_INVALID_URL" }) });
+  };
+  const quota = client(fetch, { onReleaseError: (e) => releaseErrors.push(e) });
+  await assert.rejects(quota.withSlot("a", "urls", () => 1), ConnectionFailedError);
+  assert.equal(calls, 1);
+  assert.deepEqual(releaseErrors, []);
 });
 
 test("the key and the base URL go where they should", async () => {

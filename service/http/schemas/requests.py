@@ -3,6 +3,7 @@ per-field messages for anything they refuse), and the webhook envelopes, for the
 
 from __future__ import annotations
 
+from datetime import date
 from typing import Any
 
 from marshmallow import INCLUDE, Schema, ValidationError, fields, validate, validates_schema
@@ -150,6 +151,8 @@ class UsageHistoryQuery(Schema):
                 raise ValidationError("to is before from", "to")
             if days > MAX_HISTORY_DAYS:
                 raise ValidationError(f"at most {MAX_HISTORY_DAYS} days at once, not {days}", "to")
+            if data["last"] >= date.max:  # the day after it, where its range ends, does not exist
+                raise ValidationError(f"to must be before {date.max.isoformat()}", "to")
 
 
 class PageQuery(Schema):
