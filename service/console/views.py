@@ -296,9 +296,8 @@ def override(id: str) -> BaseResponse:
             overrides.clear_override(conn, rt.plans, account_id=id, metric=metric, actor=session().name)
             return _done(id, "cleared")
         raw = request.form.get("limit", "").strip()
-        digits = (
-            ascii_id(raw) if raw else None
-        )  # ASCII digits only: isdigit() takes "²" and full-width digits
+        # ASCII digits only: isdigit() takes "²" and full-width digits
+        digits = ascii_id(raw) if raw else None
         if raw and digits is None:
             raise ValidationFailed("the limit is a whole number, or blank for unlimited", fields={})
         limit = load(rq.OVERRIDE_PUT, {"limit": digits})["limit"]
