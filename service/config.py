@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -119,8 +120,22 @@ class Settings:
             inbox_ignored_days=_count(e, "INBOX_IGNORED_DAYS", cls.inbox_ignored_days),
             inbox_unmatched_limit=_count(e, "INBOX_UNMATCHED_LIMIT", cls.inbox_unmatched_limit, minimum=1),
             console_secret_key=e.get("CONSOLE_SECRET_KEY", ""),
-            console_idle_minutes=float(e.get("CONSOLE_IDLE_MINUTES", cls.console_idle_minutes)),
+            console_idle_minutes=_minutes(e, "CONSOLE_IDLE_MINUTES", cls.console_idle_minutes),
         )
+
+
+def _minutes(env: Mapping[str, str], name: str, default: float) -> float:
+    """A finite number of minutes > 0 from the environment, or `default` when unset."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise RuntimeError(f"{name} must be a number of minutes > 0, not {raw!r}")
+    return value
 
 
 def _count(env: Mapping[str, str], name: str, default: int, *, minimum: int = 0) -> int:
