@@ -217,7 +217,12 @@ RETURNS TABLE (released boolean, take_id bigint, account_id text, metric text, u
                "limit" bigint, period text, limit_source text, release_id bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $f$
 #variable_conflict use_column
+DECLARE
+    v_to_grants bigint;
 BEGIN
+-- A take that drew on grants gives their units back first (migrations/repeatable/grants.sql); the
+-- answer's units count them with the allowance's.
+v_to_grants := grant_release_draws(p_account_id, p_take_id, p_period, p_actor);
 RETURN QUERY
 WITH taken AS (
     SELECT t.account_id, t.metric, t.period, t.units, t.id
@@ -257,7 +262,8 @@ WITH taken AS (
       FROM given g
  RETURNING ledger.id
 )
-SELECT true, g.take_id, g.account_id::text, g.metric, g.units::bigint, g.used::bigint, g.lim, g.period::text,
+SELECT true, g.take_id, g.account_id::text, g.metric, g.units::bigint + v_to_grants, g.used::bigint, g.lim,
+       g.period::text,
        g.limit_source, (SELECT e.id FROM entry e)
   FROM given g;
 END

@@ -67,7 +67,8 @@ def fields(*values: object) -> bytes:
 def canonical(row: Any) -> bytes:
     """The canonical message of a ledger row (anything with the ledger's column names as attributes):
     id, at, account_id, metric, period, kind, units, used_after, lim, take_id, idempotency_key, actor,
-    in `fields` form."""
+    in `fields` form, and a grant's row's grant_id after them (a row without one: nothing more)."""
+    grant_id = getattr(row, "grant_id", None)
     return fields(
         row.id,
         epoch_us(row.at),
@@ -81,7 +82,7 @@ def canonical(row: Any) -> bytes:
         row.take_id,
         row.idempotency_key,
         row.actor,
-    )
+    ) + (b"" if grant_id is None else fields(grant_id))
 
 
 def row_hash(prev_hash: bytes | None, row: Any) -> bytes:
@@ -194,13 +195,21 @@ def _follows(prev: Any, row: Any) -> str | None:
     granted against, a release gives back at most what is held, a reset clears what was held."""
     before = 0 if prev is None else prev.used_after
     source = "an empty counter" if prev is None else f"row {prev.id} (used_after {before})"
-    if row.kind == "take":
+    if row.kind.startswith("grant"):  # a grant's row leaves the counter as it was (README "Credits")
+        if getattr(row, "grant_id", None) is None:
+            return f"a {row.kind} row that names no grant"
+        if row.used_after != before:
+            return (
+                f"a {row.kind} row leaving {row.used_after} does not follow from {source}: it moves no usage"
+            )
+    elif row.kind == "take":
         if row.used_after != before + row.units:
             return (
                 f"used_after {row.used_after} does not follow from {source}: a take of {row.units} "
                 f"leaves {before + row.units}"
             )
-        if row.lim is not None and row.used_after > row.lim:
+        # a take the allowance gave nothing to (all from grants) leaves a counter over its limit as it was
+        if row.lim is not None and row.used_after > row.lim and row.units > 0:
             return f"used_after {row.used_after} is over the limit {row.lim} the take was granted against"
     elif row.kind == "release":
         if row.units > before or row.used_after != before - row.units:

@@ -38,6 +38,7 @@ class Take:
     counter_period: str  # periods.HELD for an allocation's take
     limit_source: str
     replayed: bool = False
+    from_credits: int = 0  # units drawn from grants (README "Credits"); the rest from the allowance
 
     @property
     def remaining(self) -> int | None:
@@ -234,7 +235,16 @@ def _after_refusal(
         earlier = _replay(conn, attempt)
         if earlier is not None:
             return earlier
-        attempt, counter = _mend(conn, plans, attempt, seen)
+        try:
+            attempt, counter = _mend(conn, plans, attempt, seen)
+        except QuotaExhausted:
+            with_credits = _take_credits(conn, [attempt])
+            if with_credits:
+                return with_credits[0]
+            earlier = None if with_credits is not None else _replay(conn, attempt)  # the key met a take
+            if earlier is not None:
+                return earlier
+            raise
         seen = None
         granted = _take(conn, attempt)
         if granted is not None:
@@ -301,6 +311,12 @@ def take_lines(
                 continue
             mended = mended or counter.period != attempt.period
         if short and not mended:  # every counter was in its period: these lines do not fit
+            with_credits = _take_credits(conn, attempts)
+            if with_credits:
+                return with_credits
+            earlier = None if with_credits is not None else _replay_lines(conn, attempts)
+            if earlier is not None:  # the key met an earlier take
+                return earlier
             break
     raise _lines_exhausted(short)
 
@@ -321,6 +337,27 @@ def _take_lines(conn: Connection, attempts: list[_Attempt]) -> list[Take]:
             return cur.execute(Q.take_lines, params).fetchall()
     except psycopg.errors.UniqueViolation:
         return []  # a line's key was taken by an earlier (or concurrent, now committed) take
+
+
+def _take_credits(conn: Connection, attempts: list[_Attempt]) -> list[Take] | None:
+    """The take (one line, or every line of a multi-line take) with the account's live grants after
+    the allowance, all or nothing (ledger_take_credits, migrations/repeatable/grants.sql). Called only
+    after the take's own statement refused it for want of room: the fast path stays one statement.
+    [] : it does not fit even so; None: its idempotency key met an earlier take."""
+    first = attempts[0]
+    params = {
+        "account_id": first.account_id,
+        "metrics": [a.metric for a in attempts],
+        "units": [a.units for a in attempts],
+        "periods": [a.period for a in attempts],
+        "idempotency_key": first.idempotency_key,
+        "actor": first.actor,
+    }
+    try:
+        with conn.cursor(row_factory=class_row(Take)) as cur:
+            return cur.execute(Q.take_credits, params).fetchall()
+    except psycopg.errors.UniqueViolation:
+        return None
 
 
 def _replay_lines(conn: Connection, attempts: list[_Attempt]) -> list[Take] | None:

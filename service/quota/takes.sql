@@ -47,11 +47,19 @@ SELECT take_id, metric, units, used, "limit", period AS counter_period, limit_so
 -- The take(s) an idempotency key names: a single take's row, or each line's of a multi-line take,
 -- in line order (take_line_key, migrations/repeatable/ledger_writers.sql). Off the hot path: read
 -- only after a take statement was refused or met the key.
-SELECT id AS take_id, metric, units, used_after AS used, lim AS "limit", period AS counter_period, limit_source
-  FROM ledger
- WHERE account_id = %(account_id)s AND kind = 'take'
-   AND idempotency_key = ANY(take_line_keys(%(idempotency_key)s::text))
- ORDER BY array_position(take_line_keys(%(idempotency_key)s::text), idempotency_key)
+-- A take that drew on grants (its allowance share filled the counter) counts its draws, the
+-- grant_take rows that follow it in its counter's chain (migrations/repeatable/grants.sql).
+SELECT t.id AS take_id, t.metric, t.units + coalesce(d.units, 0) AS units, t.used_after AS used,
+       t.lim AS "limit", t.period AS counter_period, t.limit_source, coalesce(d.units, 0) AS from_credits
+  FROM ledger t
+  LEFT JOIN LATERAL (
+        SELECT sum(g.units)::bigint AS units FROM ledger g
+         WHERE g.account_id = t.account_id AND g.metric = t.metric AND g.seq > t.seq
+           AND g.seq <= t.seq + 1000 AND g.kind = 'grant_take' AND g.take_id = t.id
+           AND t.used_after >= t.lim) AS d ON true
+ WHERE t.account_id = %(account_id)s AND t.kind = 'take'
+   AND t.idempotency_key = ANY(take_line_keys(%(idempotency_key)s::text))
+ ORDER BY array_position(take_line_keys(%(idempotency_key)s::text), t.idempotency_key)
 
 -- name: roll_over
 -- Lazy rollover of one counter into `period`, with the ledger row of what it cleared
@@ -89,3 +97,11 @@ SELECT take_id, metric, units, used, "limit", period AS counter_period, limit_so
 -- name: on_citus
 -- Whether this database is a Citus cluster: asked once per database by the service.
 SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus') AS on_citus
+
+-- name: take_credits
+-- A take (one line, or a multi-line take's lines) with the account's live grants after the
+-- allowance, all or nothing (ledger_take_credits, migrations/repeatable/grants.sql); only after the
+-- take's own statement refused it for want of room. No row back: it does not fit even so.
+SELECT take_id, metric, units, used, "limit", period AS counter_period, limit_source, from_credits
+  FROM ledger_take_credits(%(account_id)s::text, %(metrics)s::text[], %(units)s::bigint[], %(periods)s::text[],
+                           %(idempotency_key)s::text, %(actor)s::text)

@@ -175,6 +175,9 @@ class TakeResponse(Counter):
     take_id = fields.Integer()
     metric = fields.String()
     units = fields.Integer()
+    from_credits = fields.Integer(
+        metadata={"description": "of `units`, those drawn from grants (0: the allowance covered the take)"}
+    )
 
 
 class TakeLinesResponse(Schema):
@@ -216,9 +219,17 @@ class FeatureCheck(Flat):
 class ReleaseResponse(TakeResponse):
     """`released: false` carries only `reason` and `take_id` (NOT_RELEASED below)."""
 
+    class Meta:
+        exclude = ("from_credits",)
+
     released = fields.Boolean()
     reason = fields.String(validate=one_of(ReleaseReason))
-    units = fields.Integer(metadata={"description": "units actually given back"})
+    units = fields.Integer(
+        metadata={
+            "description": "units actually given back, to the allowance and to live grants (a share "
+            "of a grant that has ended since is forfeited)"
+        }
+    )
 
 
 class UsageResponse(Flat):
