@@ -294,3 +294,22 @@ def test_the_service_role_reads_grants_and_writes_them_only_through_the_writers(
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("SELECT grant_append(%s, 'urls', 'grant', 1, NULL, %s, 'x')", (account, g.grant_id))
         grants.void_grant(conn, grant_id=g.grant_id, actor="svc")
+
+
+def test_reconciliation_and_verify_find_a_grant_changed_behind_the_writers(conn, plans):
+    account = new_account(conn, plans)
+    set_override(conn, account, METRIC, 0)
+    g = _grant(conn, plans, account, 5, "t")
+    _take(conn, plans, account, 2)
+    result = ledger.reconcile(conn, period=periods.current_period())
+    assert result.ok and result.grants_checked >= 1
+    conn.execute("UPDATE grants SET remaining = 5 WHERE id = %s", (g.grant_id,))  # as the owner
+    found = ledger.reconcile(conn, period=periods.current_period()).grant_mismatches
+    assert [(m.grant_id, m.remaining, m.ledger_remaining) for m in found] == [(g.grant_id, 5, 3)]
+    # a grant's row whose grant was rewritten: its hash no longer matches
+    conn.execute("ALTER TABLE ledger DISABLE TRIGGER ledger_append_only")
+    conn.execute(
+        "UPDATE ledger SET grant_id = grant_id + 1 WHERE account_id = %s AND kind = 'grant_take'", (account,)
+    )
+    conn.execute("ALTER TABLE ledger ENABLE TRIGGER ledger_append_only")
+    assert not chain.verify(conn, account_id=account).ok

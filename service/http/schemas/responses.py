@@ -294,6 +294,10 @@ class LedgerEntry(Schema):
     seq = fields.Integer(
         metadata={"description": "the row's position in its counter's chain (1, 2, 3 ...; not hashed)"}
     )
+    grant_id = fields.Integer(
+        allow_none=True,
+        metadata={"description": "a grant's row (kind grant*): the grant; hashed as a 13th field when set"},
+    )
 
 
 class AuditEntry(Schema):
@@ -332,10 +336,22 @@ class Mismatch(Schema):
     last_used_after = fields.Integer(allow_none=True)
 
 
+class GrantMismatch(Schema):
+    account_id = fields.String()
+    metric = fields.String()
+    grant_id = fields.Integer()
+    remaining = fields.Integer(metadata={"description": "the grant's, as stored"})
+    ledger_remaining = fields.Integer(
+        metadata={"description": "units - taken + released - voided - expired, from its ledger rows"}
+    )
+
+
 class ReconciliationResponse(Schema):
     period = fields.String()
     checked = fields.Integer()
     mismatches = fields.List(fields.Nested(Mismatch))
+    grants_checked = fields.Integer(metadata={"description": "grants with a ledger row in the period"})
+    grant_mismatches = fields.List(fields.Nested(GrantMismatch))
 
 
 class WebhookReceipt(Flat):
