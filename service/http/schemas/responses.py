@@ -11,6 +11,7 @@ from marshmallow import Schema, fields, validate
 from service.http.schemas.fields import one_of
 from service.vocabulary import (
     AccountKind,
+    GrantSource,
     InboxStatus,
     LedgerKind,
     LimitSource,
@@ -95,6 +96,9 @@ class Conflict(Error, Counter):
     did not fit); idempotency_key_reused the earlier take (a multi-line take's: its first line's)."""
 
     take_id = fields.Integer()
+    grant_id = fields.Integer(
+        metadata={"description": "idempotency_key_reused of a grant: the earlier grant"}
+    )
     lines = fields.List(
         fields.Nested(LineShortfall),
         metadata={"description": "a multi-line take's quota_exhausted: every line that did not fit"},
@@ -102,6 +106,15 @@ class Conflict(Error, Counter):
 
 
 class MetricLimit(Counter):
+    remaining = fields.Integer(
+        allow_none=True,
+        metadata={"description": "max(limit - used, 0) + credits; null when unlimited"},
+    )
+    credits = fields.Integer(
+        metadata={
+            "description": 'what the live grants have left (README "Credits"); used after the allowance'
+        }
+    )
     kind = fields.String(validate=one_of(MetricKind))
     reset = fields.String(
         allow_none=True, validate=one_of(ResetInterval), metadata={"description": "null for an allocation"}
@@ -168,6 +181,36 @@ class AdminAccount(Account):
         values=fields.Nested(AdminFeatureState),
         attribute="by_feature",
         metadata={"description": "every feature any plan names"},
+    )
+
+
+class GrantResponse(Schema):
+    """A grant (README "Credits"): `remaining` is what is left now, 0 once it ended."""
+
+    grant_id = fields.Integer()
+    metric = fields.String()
+    units = fields.Integer()
+    remaining = fields.Integer()
+    expires_at = fields.DateTime(allow_none=True, metadata={"description": "null: never expires"})
+    source = fields.String(validate=one_of(GrantSource))
+    status = fields.String(
+        validate=validate.OneOf(["live", "used", "expired", "voided"]),
+        metadata={"description": "live; used (nothing left); expired; voided"},
+    )
+    note = fields.String(allow_none=True)
+    created_at = fields.DateTime()
+    voided_at = fields.DateTime(allow_none=True)
+
+
+class GrantsResponse(Schema):
+    grants = fields.List(fields.Nested(GrantResponse), metadata={"description": "newest first"})
+
+
+class VoidResponse(Flat):
+    grant_id = fields.Integer()
+    voided = fields.Integer(metadata={"description": "units the void forfeited (what was left)"})
+    used = fields.Integer(
+        metadata={"description": "units takes had drawn and not given back: they stay used"}
     )
 
 
@@ -402,6 +445,9 @@ FEATURE_OVERRIDE_CHANGE = FeatureOverrideChange()
 METRIC_CHECK = MetricCheck()
 FEATURE_CHECK = FeatureCheck()
 TAKE = TakeResponse()
+GRANT = GrantResponse()
+GRANTS = GrantsResponse()
+VOIDED = VoidResponse()
 TAKE_LINES = TakeLinesResponse()
 RELEASED = ReleaseResponse(exclude=("reason",))
 NOT_RELEASED = ReleaseResponse(only=("released", "reason", "take_id"))
