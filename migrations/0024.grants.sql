@@ -28,6 +28,7 @@ CREATE TABLE grants (
     source      text NOT NULL CHECK (source IN ('admin', 'stripe', 'revenuecat')),
     source_ref  text NOT NULL CHECK (char_length(source_ref) BETWEEN 1 AND 255),
     note        text CHECK (char_length(note) <= 500),
+    payment_ref text,                        -- a purchase's payment (Stripe payment intent): its refunds void it
     actor       text NOT NULL,
     created_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
     voided_at   timestamptz,                 -- void: the remainder forfeited then
@@ -38,6 +39,8 @@ CREATE TABLE grants (
 -- One grant per source reference and account: a redelivered purchase or a repeated admin key finds
 -- the first grant (dedupe by constraint).
 CREATE UNIQUE INDEX grants_source_ref ON grants (account_id, source, source_ref);
+-- A refund finds the grant its payment bought (a Stripe charge names the payment intent alone).
+CREATE INDEX grants_payment ON grants (payment_ref) WHERE payment_ref IS NOT NULL;
 -- A take's draw order among an account's live grants of a metric (soonest expiry, none last, oldest).
 CREATE INDEX grants_draw ON grants (account_id, metric, expires_at, id) WHERE remaining > 0;
 -- The expiry job's scan: grants past their time whose remainder has no expiry row yet.

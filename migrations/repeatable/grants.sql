@@ -66,7 +66,7 @@ $f$;
 -- (`created` false). The counter must exist (the caller ensures it); no row back: it does not.
 CREATE OR REPLACE FUNCTION grant_create(
     p_account_id text, p_metric text, p_units bigint, p_expires_at timestamptz, p_source text,
-    p_source_ref text, p_note text, p_actor text
+    p_source_ref text, p_note text, p_actor text, p_payment_ref text
 ) RETURNS TABLE (created boolean, grant_id bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $f$
 #variable_conflict use_column
@@ -75,8 +75,10 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    INSERT INTO grants AS g (account_id, metric, units, remaining, expires_at, source, source_ref, note, actor)
-    VALUES (p_account_id, p_metric, p_units, p_units, p_expires_at, p_source, p_source_ref, p_note, p_actor)
+    INSERT INTO grants AS g (account_id, metric, units, remaining, expires_at, source, source_ref, note, actor,
+                             payment_ref)
+    VALUES (p_account_id, p_metric, p_units, p_units, p_expires_at, p_source, p_source_ref, p_note, p_actor,
+            p_payment_ref)
     ON CONFLICT (account_id, source, source_ref) DO NOTHING
     RETURNING g.id INTO grant_id;
     IF grant_id IS NULL THEN
@@ -349,7 +351,7 @@ $f$;
 -- Who may call what (set_function_grants, migrations/0020): the service's role the writers it calls;
 -- the link and the row append are the owner's alone.
 CALL set_function_grants(
-    ARRAY['grant_create(text, text, bigint, timestamptz, text, text, text, text)',
+    ARRAY['grant_create(text, text, bigint, timestamptz, text, text, text, text, text)',
           'grant_void(text, bigint, bigint, text)',
           'grant_expire(text, bigint, text)',
           'ledger_take_credits(text, text[], bigint[], text[], text, text)'],

@@ -5,7 +5,7 @@
 -- name: grant_create
 SELECT created, grant_id
   FROM grant_create(%(account_id)s::text, %(metric)s::text, %(units)s::bigint, %(expires_at)s::timestamptz,
-                    %(source)s::text, %(source_ref)s::text, %(note)s::text, %(actor)s::text)
+                    %(source)s::text, %(source_ref)s::text, %(note)s::text, %(actor)s::text, NULL::text)
 
 -- name: grant_void
 SELECT voided, used, changed
