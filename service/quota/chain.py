@@ -225,6 +225,30 @@ def _follows(prev: Any, row: Any) -> str | None:
     return None
 
 
+def _grant_balance(balances: dict[int, int], row: Any) -> str | None:
+    """A grant's row against what its earlier rows left it (README "Credits"): a draw, a void or an
+    expiry takes at most what is left, an expiry all of it. `balances`: the counter's grants seen
+    created in this walk (a walk from --since may start after a grant's creation: not checked)."""
+    kind, grant_id, units = row.kind, getattr(row, "grant_id", None), row.units
+    if grant_id is None:
+        return None
+    if kind == "grant":
+        if grant_id in balances:
+            return f"grant {grant_id} created a second time"
+        balances[grant_id] = units
+        return None
+    left = balances.get(grant_id)
+    if left is None:
+        return None
+    if kind == "grant_release":
+        balances[grant_id] = left + units
+    elif kind in ("grant_take", "grant_void", "grant_expire"):
+        if units > left or (kind == "grant_expire" and units != left):
+            return f"a {kind} of {units} where grant {grant_id} had {left} left"
+        balances[grant_id] = left - units
+    return None
+
+
 def _check(prev: Any, row: Any, slack: timedelta) -> Sequence[str]:
     """Everything wrong with `row` given the previous row of its counter in seq order (None: it is
     the first, or the first after `since` with no row before it)."""
@@ -385,6 +409,7 @@ def verify(
             key: tuple[str, str] | None = None
             prev: Any = None
             count = 0
+            balances: dict[int, int] = {}  # the counter's grants: what each has left so far
             row: Any
             for row in _stream(conn, page.query, page.params):
                 if row.account_id != account:
@@ -393,7 +418,7 @@ def verify(
                 if (row.account_id, row.metric) != key:
                     if key is not None and track:
                         lasts[key] = (prev, count)
-                    key, prev, count = (row.account_id, row.metric), None, 0
+                    key, prev, count, balances = (row.account_id, row.metric), None, 0, {}
                 pin = pins.get(key)
                 if pin is not None and pin[0] == row.seq:
                     del pins[key]
@@ -416,6 +441,8 @@ def verify(
                     on_progress(result.rows)
                 for problem in _check(prev, row, slack):
                     found(row.account_id, row.metric, row.id, problem)
+                if row.grant_id is not None and (balance := _grant_balance(balances, row)) is not None:
+                    found(row.account_id, row.metric, row.id, balance)
                 prev = row
             if key is not None and track:
                 lasts[key] = (prev, count)

@@ -313,3 +313,19 @@ def test_reconciliation_and_verify_find_a_grant_changed_behind_the_writers(conn,
     )
     conn.execute("ALTER TABLE ledger ENABLE TRIGGER ledger_append_only")
     assert not chain.verify(conn, account_id=account).ok
+
+
+def test_verify_finds_a_well_chained_draw_beyond_what_a_grant_had_left(conn, plans):
+    """A row forged by someone who can compute hashes (the owner calling the writer's own append)
+    still shows: the grant's balance along the chain does not allow it."""
+    account = new_account(conn, plans)
+    set_override(conn, account, METRIC, 0)
+    g = _grant(conn, plans, account, 2, "f")
+    t = _take(conn, plans, account, 1)
+    assert chain.verify(conn, account_id=account).ok
+    conn.execute(
+        "SELECT grant_append(%s, %s, 'grant_take', 5, %s, %s, 'forger')",
+        (account, METRIC, t.take_id, g.grant_id),
+    )
+    found = chain.verify(conn, account_id=account)
+    assert [f.problem for f in found.findings] == [f"a grant_take of 5 where grant {g.grant_id} had 1 left"]
