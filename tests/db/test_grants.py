@@ -4,6 +4,7 @@ back grants first; voided forward-only; expired without a job; untouched by rese
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -329,3 +330,44 @@ def test_verify_finds_a_well_chained_draw_beyond_what_a_grant_had_left(conn, pla
     )
     found = chain.verify(conn, account_id=account)
     assert [f.problem for f in found.findings] == [f"a grant_take of 5 where grant {g.grant_id} had 1 left"]
+
+
+def test_racing_takes_a_void_and_multi_line_takes_in_both_orders_never_overdraw(conn, plans, connect):
+    """Takes of one unit, two-line takes listing their metrics in both orders, and a void, all at once
+    against allowances of 0 and grants of 10 per metric: every unit drawn is a unit a grant had, the
+    void forfeits exactly what was left, nothing deadlocks, and the ledger agrees."""
+    account = new_account(conn, plans)
+    set_override(conn, account, "urls", 0)
+    set_override(conn, account, "exports", 0)
+    urls = _grant(conn, plans, account, 10, "race-u")
+    exports = _grant(conn, plans, account, 10, "race-e")
+    conns = connect(24)
+    orders = ([Line(metric="urls"), Line(metric="exports")], [Line(metric="exports"), Line(metric="urls")])
+
+    numbers = itertools.count(1)  # next() of a count is atomic under the GIL: each racer its own n
+
+    def one(c: Any) -> str:
+        n = next(numbers)
+        try:
+            if n == 12:
+                return f"void {grants.void_grant(c, grant_id=urls.grant_id, actor='race').voided}"
+            if n % 2:
+                takes.take_lines(c, plans, account_id=account, lines=orders[n % 4 == 1], actor="race")
+                return "lines"
+            takes.take(c, plans, account_id=account, metric="exports", actor="race")
+            return "single"
+        except QuotaExhausted:
+            return "refused"
+
+    results = race(conns, one)
+
+    assert [r for r in results if isinstance(r, BaseException)] == []
+    [voided] = [int(str(r).split()[1]) for r in results if str(r).startswith("void")]
+    drawn_urls = sum(r["units"] for r in ledger_rows(conn, account, "urls", kind="grant_take"))
+    drawn_exports = sum(r["units"] for r in ledger_rows(conn, account, "exports", kind="grant_take"))
+    assert drawn_urls + voided == 10 and _remaining(conn, urls.grant_id) == 0
+    assert drawn_exports + _remaining(conn, exports.grant_id) == 10
+    assert drawn_urls == results.count("lines")
+    assert drawn_exports == results.count("lines") + results.count("single")
+    _assert_grants_match_ledger(conn, account)
+    assert chain.verify(conn, account_id=account).ok
