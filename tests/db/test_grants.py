@@ -279,9 +279,25 @@ def test_the_monthly_reset_and_the_rollover_never_touch_grants(conn, plans):
     assert (t.from_credits, t.used) == (0, 1)
     assert _remaining(conn, g.grant_id) == 3
     assert _take(conn, plans, account, 2).from_credits == 2
+    assert _remaining(conn, g.grant_id) == 1
     assert chain.verify(conn, account_id=account).ok
     _assert_grants_match_ledger(conn, account)
-    assert reset is not None
+
+
+def test_the_monthly_and_daily_jobs_reset_counters_and_leave_grants_alone(conn, plans):
+    account = new_account(conn, plans)
+    monthly = _grant(conn, plans, account, 5, "m")
+    daily = _grant(conn, plans, account, 4, "d", metric="exports")
+    _take(conn, plans, account, 3)
+    _take(conn, plans, account, 2, metric="exports")
+    set_period(conn, account, METRIC, "2000-01")  # as if the month and the day had turned since
+    set_period(conn, account, "exports", "2000-01-01")
+    assert reset.reset_month(conn, period=periods.current_period(), duty=1.0).status == "done"
+    assert reset.reset_day(conn, day=periods.day_of(periods.now()), duty=1.0).status == "done"
+    assert (counter(conn, account, METRIC)["used"], counter(conn, account, "exports")["used"]) == (0, 0)
+    assert (_remaining(conn, monthly.grant_id), _remaining(conn, daily.grant_id)) == (5, 4)
+    assert grants.credits(conn, account_id=account) == {METRIC: 5, "exports": 4}
+    _assert_grants_match_ledger(conn, account)
 
 
 def test_the_service_role_reads_grants_and_writes_them_only_through_the_writers(conn, plans, as_service):
