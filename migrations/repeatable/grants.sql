@@ -348,13 +348,25 @@ BEGIN
 END
 $f$;
 
+-- What the account's live grants of a metric have left: its credits (a take's refusal read,
+-- takes.sql `take_refusal`; the account view and the check read the same rule). A grant past its
+-- time, voided or drawn to nothing counts nothing, whether or not the expiry job has run.
+CREATE OR REPLACE FUNCTION grant_credits(p_account_id text, p_metric text) RETURNS bigint
+LANGUAGE sql STABLE SET search_path = pg_catalog, public, pg_temp AS $$
+    SELECT coalesce(sum(g.remaining), 0)::bigint
+      FROM grants g
+     WHERE g.account_id = p_account_id AND g.metric = p_metric AND g.remaining > 0 AND g.voided_at IS NULL
+       AND (g.expires_at IS NULL OR g.expires_at > now())
+$$;
+
 -- Who may call what (set_function_grants, migrations/0020): the service's role the writers it calls;
 -- the link and the row append are the owner's alone.
 CALL set_function_grants(
     ARRAY['grant_create(text, text, bigint, timestamptz, text, text, text, text, text)',
           'grant_void(text, bigint, bigint, text)',
           'grant_expire(text, bigint, text)',
-          'ledger_take_credits(text, text[], bigint[], text[], text, text)'],
+          'ledger_take_credits(text, text[], bigint[], text[], text, text)',
+          'grant_credits(text, text)'],
     ARRAY['ledger_grant_link(bigint, bytea, text, text, text, text, bigint, bigint, bigint, text, bigint)',
           'grant_append(text, text, text, bigint, bigint, bigint, text)',
           'grant_release_draws(text, bigint, text, text)']);

@@ -53,15 +53,10 @@ SELECT id, kind, plan, subscription_status, stripe_customer_id, deleted
 SELECT q.metric, m.kind, m.reset, q.lim AS "limit", q.limit_source,
        CASE WHEN q.period < m.period THEN 0 ELSE q.used END AS used,
        greatest(q.period, m.period) AS counter_period,
-       q.plan_limit, q.override_set, q.override_limit, coalesce(c.credits, 0) AS credits
+       q.plan_limit, q.override_set, q.override_limit,
+       grant_credits(q.account_id, q.metric) AS credits  -- the live grants' remaining (README "Credits")
   FROM quotas q
   JOIN unnest(%(metrics)s::text[], %(periods)s::text[], %(kinds)s::text[], %(resets)s::text[])
            AS m (metric, period, kind, reset) ON m.metric = q.metric
-  LEFT JOIN (  -- each metric's credits: the live grants' remaining (service/quota/grants.sql)
-        SELECT g.metric, sum(g.remaining)::bigint AS credits
-          FROM grants g
-         WHERE g.account_id = %(account_id)s AND g.remaining > 0 AND g.voided_at IS NULL
-           AND (g.expires_at IS NULL OR g.expires_at > now())
-         GROUP BY g.metric) AS c ON c.metric = q.metric
  WHERE q.account_id = %(account_id)s
  ORDER BY q.metric

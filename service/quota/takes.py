@@ -98,6 +98,12 @@ class _Counter:
     used: int | None
     limit: int | None
     limit_source: str | None
+    credits: int = 0  # what the account's live grants of the metric have left (README "Credits")
+
+
+class _CreditsMayCover(QuotaExhausted):
+    """The allowance has no room for the take, but the live grants may: the take with credits
+    (ledger_take_credits) is tried before the client is told."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,6 +119,7 @@ class _Refused:
     limit_source: str | None
     deleted: bool | None
     counter_read: bool = True
+    credits: int = 0
 
     @classmethod
     def of(cls, take: Take) -> _Refused:
@@ -139,6 +146,7 @@ class _Refused:
             used=self.used,
             limit=self.limit,
             limit_source=self.limit_source,
+            credits=self.credits,
         )
 
     def take(self, attempt: _Attempt) -> Take:
@@ -237,14 +245,14 @@ def _after_refusal(
             return earlier
         try:
             attempt, counter = _mend(conn, plans, attempt, seen)
-        except QuotaExhausted:
+        except _CreditsMayCover as short:
             with_credits = _take_credits(conn, [attempt])
             if with_credits:
                 return with_credits[0]
             earlier = None if with_credits is not None else _replay(conn, attempt)  # the key met a take
             if earlier is not None:
                 return earlier
-            raise
+            raise QuotaExhausted(short.message, **short.details) from None
         seen = None
         granted = _take(conn, attempt)
         if granted is not None:
@@ -311,12 +319,13 @@ def take_lines(
                 continue
             mended = mended or counter.period != attempt.period
         if short and not mended:  # every counter was in its period: these lines do not fit
-            with_credits = _take_credits(conn, attempts)
-            if with_credits:
-                return with_credits
-            earlier = None if with_credits is not None else _replay_lines(conn, attempts)
-            if earlier is not None:  # the key met an earlier take
-                return earlier
+            if all(isinstance(e, _CreditsMayCover) for _, e in short):  # unless credits cover them
+                with_credits = _take_credits(conn, attempts)
+                if with_credits:
+                    return with_credits
+                earlier = None if with_credits is not None else _replay_lines(conn, attempts)
+                if earlier is not None:  # the key met an earlier take
+                    return earlier
             break
     raise _lines_exhausted(short)
 
@@ -503,11 +512,11 @@ def _judged(attempt: _Attempt, counter: _Counter | None) -> _Counter:
     if counter.period == attempt.period and counter.limit is not None:
         assert counter.used is not None  # a counter row has both
         if counter.used + attempt.units > counter.limit:
-            raise _exhausted(
-                attempt,
-                counter,
-                f"{attempt.metric}: {attempt.units} more would exceed the limit of {counter.limit}",
-            )
+            message = f"{attempt.metric}: {attempt.units} more would exceed the limit of {counter.limit}"
+            if max(counter.limit - counter.used, 0) + counter.credits >= attempt.units:
+                short = _exhausted(attempt, counter, message)
+                raise _CreditsMayCover(short.message, **short.details)
+            raise _exhausted(attempt, counter, message)
     return counter
 
 
@@ -590,9 +599,10 @@ def release(
     )
 
 
-def read_counter(conn: Connection, *, account_id: str, metric: str) -> _Counter | None:
+def read_counter(conn: Connection, *, account_id: str, metric: str, units: int = 1) -> _Counter | None:
     """The counter a take of `metric` would move, with the account's deleted flag, in the one read
     by key that explains a refused take (`take_refusal`); None: no such account. The check's read
     (service/quota/check.py): what it answers is what this take would meet."""
     with conn.cursor(row_factory=class_row(_Counter)) as cur:
-        return cur.execute(Q.take_refusal, {"account_id": account_id, "metric": metric}).fetchone()
+        params = {"account_id": account_id, "metric": metric, "units": units}
+        return cur.execute(Q.take_refusal, params).fetchone()

@@ -19,10 +19,12 @@ WITH granted AS MATERIALIZED (
       FROM ledger_take(%(account_id)s::text, %(metric)s::text, %(units)s::bigint, %(period)s::text,
                        %(idempotency_key)s::text, %(actor)s::text)
 )
-SELECT true AS granted, take_id, used, "limit", period AS counter_period, limit_source, NULL::boolean AS deleted
+SELECT true AS granted, take_id, used, "limit", period AS counter_period, limit_source, NULL::boolean AS deleted,
+       0::bigint AS credits
   FROM granted
 UNION ALL
-SELECT false, NULL, q.used, q.lim, q.period, q.limit_source, a.deleted
+SELECT false, NULL, q.used, q.lim, q.period, q.limit_source, a.deleted,
+       CASE WHEN q.used + %(units)s > q.lim THEN grant_credits(a.id, %(metric)s) ELSE 0 END
   FROM (SELECT) AS one
   LEFT JOIN accounts a ON a.id = %(account_id)s
   LEFT JOIN quotas q ON q.account_id = a.id AND q.metric = %(metric)s
@@ -30,7 +32,10 @@ SELECT false, NULL, q.used, q.lim, q.period, q.limit_source, a.deleted
 
 -- name: take_refusal
 -- Why did `take` match nothing? Read after the fact; the caller retries where the answer allows.
-SELECT a.deleted, q.period, q.used, q.lim AS "limit", q.limit_source
+-- `credits`: what the live grants have left, read only when the allowance has no room (grant_credits,
+-- migrations/repeatable/grants.sql): a take they may cover is tried with them before it is refused.
+SELECT a.deleted, q.period, q.used, q.lim AS "limit", q.limit_source,
+       CASE WHEN q.used + coalesce(%(units)s, 1) > q.lim THEN grant_credits(a.id, %(metric)s) ELSE 0 END AS credits
   FROM accounts a
   LEFT JOIN quotas q ON q.account_id = a.id AND q.metric = %(metric)s
  WHERE a.id = %(account_id)s

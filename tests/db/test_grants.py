@@ -117,8 +117,10 @@ def test_a_take_beyond_allowance_and_grants_takes_nothing(conn, plans):
     set_override(conn, account, METRIC, 2)
     g = _grant(conn, plans, account, 3, "g")
     before = len(ledger_rows(conn, account))
-    with pytest.raises(QuotaExhausted):
+    with pytest.raises(QuotaExhausted) as refused:
         _take(conn, plans, account, 6)
+    assert type(refused.value) is QuotaExhausted  # told from the refusal read: no take with credits tried
+    assert refused.value.details["remaining"] == 2  # the allowance's, as before credits
     assert len(ledger_rows(conn, account)) == before
     assert (counter(conn, account, METRIC)["used"], _remaining(conn, g.grant_id)) == (0, 3)
     assert _take(conn, plans, account, 5).from_credits == 3
