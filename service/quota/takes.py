@@ -101,9 +101,13 @@ class _Counter:
     credits: int = 0  # what the account's live grants of the metric have left (README "Credits")
 
 
-class _CreditsMayCover(QuotaExhausted):
+class _CreditsMayCover(Exception):
     """The allowance has no room for the take, but the live grants may: the take with credits
-    (ledger_take_credits) is tried before the client is told."""
+    (ledger_take_credits) is tried before the client is told `short`."""
+
+    def __init__(self, short: QuotaExhausted) -> None:
+        super().__init__(short.message)
+        self.short = short
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -245,14 +249,14 @@ def _after_refusal(
             return earlier
         try:
             attempt, counter = _mend(conn, plans, attempt, seen)
-        except _CreditsMayCover as short:
+        except _CreditsMayCover as may:
             with_credits = _take_credits(conn, [attempt])
             if with_credits:
                 return with_credits[0]
             earlier = None if with_credits is not None else _replay(conn, attempt)  # the key met a take
             if earlier is not None:
                 return earlier
-            raise QuotaExhausted(short.message, **short.details) from None
+            raise may.short from None
         seen = None
         granted = _take(conn, attempt)
         if granted is not None:
@@ -303,6 +307,7 @@ def take_lines(
     if not 1 <= len(attempts) <= MAX_LINES or len({a.metric for a in attempts}) < len(attempts):
         raise ValueError(f"a multi-line take names 1 to {MAX_LINES} distinct metrics")
     short: list[tuple[_Attempt, QuotaExhausted]] = []
+    covered = False  # every short line is one the live grants may cover
     for _ in range(MAX_PASSES):
         granted = _take_lines(conn, attempts)
         if granted:
@@ -310,16 +315,20 @@ def take_lines(
         earlier = _replay_lines(conn, attempts)
         if earlier is not None:
             return earlier
-        short, mended = [], False
+        short, mended, covered = [], False, True
         for i, attempt in enumerate(attempts):
             try:
                 attempts[i], counter = _mend(conn, plans, attempt)
             except QuotaExhausted as e:
                 short.append((attempt, e))
+                covered = False
+                continue
+            except _CreditsMayCover as may:
+                short.append((attempt, may.short))
                 continue
             mended = mended or counter.period != attempt.period
         if short and not mended:  # every counter was in its period: these lines do not fit
-            if all(isinstance(e, _CreditsMayCover) for _, e in short):  # unless credits cover them
+            if covered:  # unless the live grants cover them
                 with_credits = _take_credits(conn, attempts)
                 if with_credits:
                     return with_credits
@@ -514,8 +523,7 @@ def _judged(attempt: _Attempt, counter: _Counter | None) -> _Counter:
         if counter.used + attempt.units > counter.limit:
             message = f"{attempt.metric}: {attempt.units} more would exceed the limit of {counter.limit}"
             if max(counter.limit - counter.used, 0) + counter.credits >= attempt.units:
-                short = _exhausted(attempt, counter, message)
-                raise _CreditsMayCover(short.message, **short.details)
+                raise _CreditsMayCover(_exhausted(attempt, counter, message))
             raise _exhausted(attempt, counter, message)
     return counter
 
