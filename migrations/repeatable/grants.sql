@@ -359,6 +359,71 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, public, pg_temp AS $$
        AND (g.expires_at IS NULL OR g.expires_at > now())
 $$;
 
+-- The release of a take that drew on grants (takes.py `release`, after ledger_release left it
+-- alone for that reason): first grant_release_draws gives each draw back to its grant, newest first
+-- (or forfeits it), then the allowance's share is given back as ledger_release gives it (at most what
+-- the counter holds; once, by the unique index on release rows; only in the take's period). The
+-- answer is ledger_release's, its units counting what went back to grants. No row back: the take is
+-- released already, or its period is closed (the caller asks why, as after ledger_release).
+CREATE OR REPLACE FUNCTION ledger_release_credits(
+    p_account_id text, p_take_id bigint, p_period text, p_actor text
+) RETURNS TABLE (released boolean, take_id bigint, account_id text, metric text, units bigint, used bigint,
+                 "limit" bigint, period text, limit_source text, release_id bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $f$
+#variable_conflict use_column
+DECLARE
+    v_back bigint;
+    v_held bigint;
+    v_units bigint;
+    t record;
+    r record;
+BEGIN
+    v_back := grant_release_draws(p_account_id, p_take_id, p_period, p_actor);
+    SELECT l.metric, l.units, l.period INTO t
+      FROM ledger l
+     WHERE l.account_id = p_account_id AND l.id = p_take_id AND l.kind = 'take'
+       AND l.period IN (p_period, left(p_period, 7), 'held')
+       AND NOT EXISTS (SELECT 1 FROM ledger x
+                        WHERE x.account_id = p_account_id AND x.kind = 'release' AND x.take_id = l.id);
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT q.used INTO v_held
+      FROM quotas q
+     WHERE q.account_id = p_account_id AND q.metric = t.metric AND q.period = t.period
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN;  -- the take's period is closed: nothing is given back
+    END IF;
+    v_units := least(t.units, v_held);
+    WITH given AS (
+        UPDATE quotas q
+           SET used = q.used - v_units,
+               (chain_seq, chain_prev, chain_id, chain_at, chain_hash) = (
+                   SELECT * FROM ledger_link(q.chain_seq, q.chain_hash, q.account_id, q.metric, q.period, 'release',
+                                             v_units, q.used - v_units, NULL, p_take_id, NULL, p_actor))
+         WHERE q.account_id = p_account_id AND q.metric = t.metric
+     RETURNING q.account_id, q.metric, q.period, q.used, q.lim, q.limit_source, q.chain_id, q.chain_at, q.chain_seq,
+               q.chain_prev, q.chain_hash
+    ), entry AS (
+        INSERT INTO ledger (id, at, seq, account_id, metric, period, kind, units, used_after, take_id, actor,
+                            prev_hash, hash)
+        OVERRIDING SYSTEM VALUE
+        SELECT g.chain_id, g.chain_at, g.chain_seq, g.account_id, g.metric, g.period, 'release', v_units, g.used,
+               p_take_id, p_actor, g.chain_prev, g.chain_hash
+          FROM given g
+     RETURNING ledger.id
+    )
+    SELECT g.account_id, g.metric, g.used, g.lim, g.period, g.limit_source, (SELECT e.id FROM entry e) AS id
+      INTO r
+      FROM given g;
+    released := true; take_id := p_take_id; account_id := r.account_id; metric := r.metric;
+    units := v_units + v_back; used := r.used; "limit" := r.lim; period := r.period;
+    limit_source := r.limit_source; release_id := r.id;
+    RETURN NEXT;
+END
+$f$;
+
 -- Who may call what (set_function_grants, migrations/0020): the service's role the writers it calls;
 -- the link and the row append are the owner's alone.
 CALL set_function_grants(
@@ -366,7 +431,8 @@ CALL set_function_grants(
           'grant_void(text, bigint, bigint, text)',
           'grant_expire(text, bigint, text)',
           'ledger_take_credits(text, text[], bigint[], text[], text, text)',
-          'grant_credits(text, text)'],
+          'grant_credits(text, text)',
+          'ledger_release_credits(text, bigint, text, text)'],
     ARRAY['ledger_grant_link(bigint, bytea, text, text, text, text, bigint, bigint, bigint, text, bigint)',
           'grant_append(text, text, text, bigint, bigint, bigint, text)',
           'grant_release_draws(text, bigint, text, text)']);

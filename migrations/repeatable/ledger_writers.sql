@@ -217,12 +217,7 @@ RETURNS TABLE (released boolean, take_id bigint, account_id text, metric text, u
                "limit" bigint, period text, limit_source text, release_id bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $f$
 #variable_conflict use_column
-DECLARE
-    v_to_grants bigint;
 BEGIN
--- A take that drew on grants gives their units back first (migrations/repeatable/grants.sql); the
--- answer's units count them with the allowance's.
-v_to_grants := grant_release_draws(p_account_id, p_take_id, p_period, p_actor);
 RETURN QUERY
 WITH taken AS (
     SELECT t.account_id, t.metric, t.period, t.units, t.id
@@ -231,6 +226,12 @@ WITH taken AS (
        AND t.period IN (p_period, left(p_period, 7), 'held')
        AND NOT EXISTS (SELECT 1 FROM ledger r
                         WHERE r.account_id = p_account_id AND r.kind = 'release' AND r.take_id = t.id)
+       -- a take that drew on grants (its allowance share filled the counter, and its draws follow it
+       -- in the chain) is ledger_release_credits' (migrations/repeatable/grants.sql): not here
+       AND NOT (t.lim IS NOT NULL AND t.used_after >= t.lim
+                AND EXISTS (SELECT 1 FROM ledger d
+                             WHERE d.account_id = p_account_id AND d.metric = t.metric AND d.seq = t.seq + 1
+                               AND d.kind = 'grant_take' AND d.take_id = t.id))
 ), held AS (
     SELECT q.account_id, q.metric, q.used, taken.units, taken.id AS take_id
       FROM quotas q JOIN taken ON q.account_id = taken.account_id AND q.metric = taken.metric
@@ -262,8 +263,7 @@ WITH taken AS (
       FROM given g
  RETURNING ledger.id
 )
-SELECT true, g.take_id, g.account_id::text, g.metric, g.units::bigint + v_to_grants, g.used::bigint, g.lim,
-       g.period::text,
+SELECT true, g.take_id, g.account_id::text, g.metric, g.units::bigint, g.used::bigint, g.lim, g.period::text,
        g.limit_source, (SELECT e.id FROM entry e)
   FROM given g;
 END

@@ -598,6 +598,16 @@ def release(
         return done
     with conn.cursor(row_factory=dict_row) as cur:
         why = cur.execute(Q.release_refusal, params).fetchone()
+    if why is not None and why["drew_credits"] and not why["released"]:
+        try:
+            with conn.cursor(row_factory=class_row(Release)) as cur:
+                done = cur.execute(Q.release_credits, params).fetchone()
+        except psycopg.errors.UniqueViolation:
+            done = None  # a concurrent release of the same take committed first
+        if done is not None:
+            return done
+        with conn.cursor(row_factory=dict_row) as cur:
+            why = cur.execute(Q.release_refusal, params).fetchone()
     if why is None:
         raise UnknownTake(f"unknown take {take_id}")
     if why["released"]:

@@ -80,11 +80,24 @@ SELECT released, take_id, account_id, metric, units, used, "limit", period AS co
   FROM ledger_release(%(account_id)s::text, %(take_id)s::bigint, %(period)s::text, %(actor)s::text)
 
 -- name: release_refusal
+-- Why `release` gave nothing back: released already, another period, or a take that drew on grants
+-- (`drew_credits`: its draws follow it in its counter's chain), which release_credits gives back.
 SELECT t.account_id, t.period AS counter_period,
        EXISTS (SELECT 1 FROM ledger r
-                WHERE r.account_id = %(account_id)s AND r.kind = 'release' AND r.take_id = t.id) AS released
+                WHERE r.account_id = %(account_id)s AND r.kind = 'release' AND r.take_id = t.id) AS released,
+       t.lim IS NOT NULL AND t.used_after >= t.lim
+       AND EXISTS (SELECT 1 FROM ledger d
+                    WHERE d.account_id = %(account_id)s AND d.metric = t.metric AND d.seq = t.seq + 1
+                      AND d.kind = 'grant_take' AND d.take_id = t.id) AS drew_credits
   FROM ledger t
  WHERE t.account_id = %(account_id)s AND t.id = %(take_id)s AND t.kind = 'take'
+
+-- name: release_credits
+-- The release of a take that drew on grants: grants first, newest draw first, then the allowance
+-- (ledger_release_credits, migrations/repeatable/grants.sql); no row back as `release`.
+SELECT released, take_id, account_id, metric, units, used, "limit", period AS counter_period, limit_source,
+       release_id
+  FROM ledger_release_credits(%(account_id)s::text, %(take_id)s::bigint, %(period)s::text, %(actor)s::text)
 
 -- name: take_account
 -- The account of a take named by its id alone (the route without the account): on Citus, the one

@@ -389,3 +389,21 @@ def test_racing_takes_a_void_and_multi_line_takes_in_both_orders_never_overdraw(
     assert drawn_exports == results.count("lines") + results.count("single")
     _assert_grants_match_ledger(conn, account)
     assert chain.verify(conn, account_id=account).ok
+
+
+def test_racing_releases_of_a_take_that_drew_on_grants_give_it_back_once(conn, plans, connect):
+    account = new_account(conn, plans)
+    set_override(conn, account, METRIC, 1)
+    g = _grant(conn, plans, account, 5, "rr")
+    t = _take(conn, plans, account, 4)  # 1 from the allowance, 3 from the grant
+
+    results = race(
+        connect(8), lambda c: takes.release(c, take_id=t.take_id, actor="race", account_id=account).released
+    )
+
+    assert [r for r in results if isinstance(r, BaseException)] == []
+    assert results.count(True) == 1
+    assert (_remaining(conn, g.grant_id), counter(conn, account, METRIC)["used"]) == (5, 0)
+    assert len(ledger_rows(conn, account, METRIC, kind="grant_release")) == 1
+    _assert_grants_match_ledger(conn, account)
+    assert chain.verify(conn, account_id=account).ok
