@@ -260,11 +260,12 @@ def _packs(
             raise PlanConfigError(f"{key}.metric: expected a metric some plan lists in its limits")
         if kinds.get(metric, Metric(name=metric)).kind != MetricKind.CONSUMABLE:
             raise PlanConfigError(f"{key}.metric: {metric!r} is an allocation; credits are for consumables")
-        for field_name, value in (("units", units), ("expires_after_days", days)):
+        # units fit a grant (bigint, and a quantity of up to 1000 packs); days at most a century
+        for field_name, value, most in (("units", units, 2**31 - 1), ("expires_after_days", days, 36_500)):
             if (field_name == "units" or value is not None) and (
-                isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**31
+                isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= most
             ):
-                raise PlanConfigError(f"{key}.{field_name}: expected a whole number above 0")
+                raise PlanConfigError(f"{key}.{field_name}: expected a whole number from 1 to {most}")
         assert isinstance(units, int)  # checked above
         pack = CreditPack(
             name=name,

@@ -11,7 +11,7 @@ reads ignore a grant past its time. Resets never touch grants.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from psycopg.rows import class_row, dict_row
 
@@ -22,6 +22,10 @@ from service.quota.accounts import ensure_quotas, find_account, require_metric
 from service.vocabulary import GrantSource, MetricKind
 
 EXPIRY_ACTOR = "system:grant-expiry"
+# The times an expiry is kept within: any later is never in practice, any earlier ended already, and
+# both read back as Python datetimes (years 1-9999 in UTC, whatever offset the client wrote).
+EARLIEST = datetime(1, 1, 2, tzinfo=UTC)
+LATEST = datetime(9999, 12, 30, tzinfo=UTC)
 EXPIRE_BATCH = 500  # grants per run of the expiry job's read
 
 
@@ -87,6 +91,8 @@ def create_grant(
     if account.deleted:
         raise AccountDeleted(f"account {account_id!r} was deleted")
     ensure_quotas(conn, plans, account_id=account_id)
+    if expires_at is not None:
+        expires_at = min(max(expires_at, EARLIEST), LATEST)
     params = {
         "account_id": account_id,
         "metric": metric,

@@ -117,3 +117,10 @@ def test_a_take_past_the_allowance_draws_credits_and_the_view_counts_them(client
     r = client.post(f"/v1/accounts/acc-1/takes/{t['take_id']}/release", headers=keys["product"])
     assert r.status_code == 200 and r.json["units"] == 0
     assert_error(client.get("/v1/accounts/nobody/grants", headers=keys["product"]), 404, "unknown_account")
+
+
+def test_an_expiry_at_the_edges_of_time_is_kept_within_them(client, keys, account):
+    late = _grant(client, keys, idempotency_key="late", expires_at="9999-12-31T23:59:59-14:00")
+    assert late["expires_at"].startswith("9999-12-30") and late["status"] == "live"
+    early = _grant(client, keys, idempotency_key="early", expires_at="0001-01-01T00:00:00+14:00")
+    assert early["status"] == "expired" and early["remaining"] == 0
