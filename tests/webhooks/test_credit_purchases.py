@@ -158,3 +158,14 @@ def test_a_revenuecat_pack_is_granted_once_and_its_cancellation_voids_the_rest(c
     refund = _rc("rc-c-1", "CANCELLATION", cancel_reason="CUSTOMER_SUPPORT")
     assert post_revenuecat(client, refund).json["status"] == "applied"
     assert [(g["status"], g["remaining"]) for g in _grants(client, keys, "rc-buyer")] == [("voided", 0)]
+
+
+def test_a_purchase_naming_only_its_customer_waits_for_the_customer_to_be_linked(client, keys, conn):
+    purchase = _session("evt_cs_8", account=None, quantity="1", customer="cus_credits_1", session_id="cs_c_1")
+    assert post_stripe(client, purchase).json["status"] == "unmatched"
+    create_account(client, keys, "buyer-4", stripe_customer_id="cus_credits_1")  # the product links it
+    assert [g["units"] for g in _grants(client, keys, "buyer-4")] == [PACK_UNITS]
+    # the next purchase of that customer finds the account through the link at once
+    later = _session("evt_cs_9", account=None, quantity="1", customer="cus_credits_1", session_id="cs_c_2")
+    assert post_stripe(client, later).json["status"] == "applied"
+    assert _credits(client, keys, "buyer-4") == 2 * PACK_UNITS
