@@ -65,10 +65,24 @@ class UnknownTake(QuotaError):
 
 
 class IdempotencyKeyReused(QuotaError):
-    """This idempotency key was already used for a different take on this account."""
+    """This idempotency key was already used for a different take (or grant) on this account."""
 
     code = "idempotency_key_reused"
     status = 409
+
+
+class NotGrantable(QuotaError):
+    """Credits (grants) are for consumable metrics only; an allocation (seats) takes none."""
+
+    code = "not_grantable"
+    status = 422
+
+
+class UnknownGrant(QuotaError):
+    """No grant has this id."""
+
+    code = "unknown_grant"
+    status = 404
 
 
 class MetricKindChanged(QuotaError):

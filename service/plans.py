@@ -61,12 +61,30 @@ class Plan:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CreditPack:
+    """A pack of credits an end customer buys (`[credit_packs.<name>]`): `units` of a consumable
+    `metric`, granted once per purchase, expiring `expires_after_days` after it (None: never)."""
+
+    name: str
+    metric: str
+    units: int
+    expires_after_days: int | None = None
+    stripe_prices: tuple[str, ...] = ()
+    revenuecat_products: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
 class PlanConfig:
     free_plan: str
     plans: dict[str, Plan]
     metrics: tuple[str, ...] = field(default=())
     kinds: dict[str, Metric] = field(default_factory=dict)  # a metric not here: consumable, monthly
     features: tuple[str, ...] = field(default=())  # every feature any plan names, sorted
+    packs: dict[str, CreditPack] = field(default_factory=dict)  # [credit_packs.<name>]
+
+    def pack_for_revenuecat_product(self, product: str | None) -> CreditPack | None:
+        """The credit pack that lists this RevenueCat product id, if any."""
+        return next((p for p in self.packs.values() if product and product in p.revenuecat_products), None)
 
     def metric(self, name: str) -> Metric:
         return self.kinds.get(name) or Metric(name=name)
@@ -158,7 +176,8 @@ def _strings(plan: str, key: str, value: Any) -> tuple[str, ...]:
     if value is None:
         return ()
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise PlanConfigError(f"plans.{plan}.{key}: expected a list of non-empty strings")
+        where = plan if plan.startswith("credit_packs.") else f"plans.{plan}"
+        raise PlanConfigError(f"{where}.{key}: expected a list of non-empty strings")
     return tuple(value)
 
 
@@ -209,7 +228,66 @@ def parse_plans(data: dict[str, Any]) -> PlanConfig:
         if f in metrics:
             raise PlanConfigError(f"features: {f!r} is also a metric; a name is one or the other")
     kinds = _kinds(data.get("metrics", {}), metrics)
-    return PlanConfig(free_plan=free, plans=plans, metrics=metrics, kinds=kinds, features=features)
+    packs = _packs(data.get("credit_packs", {}), metrics, kinds, seen)
+    return PlanConfig(
+        free_plan=free, plans=plans, metrics=metrics, kinds=kinds, features=features, packs=packs
+    )
+
+
+def _packs(
+    raw: Any, metrics: tuple[str, ...], kinds: dict[str, Metric], seen: dict[tuple[str, str], str]
+) -> dict[str, CreditPack]:
+    """The [credit_packs] table (README "Credits"). A Stripe price or RevenueCat product belongs to
+    one plan or one pack, never both: a purchase must mean one thing."""
+    if not isinstance(raw, dict):
+        raise PlanConfigError("credit_packs: expected a table of [credit_packs.<name>] tables")
+    packs: dict[str, CreditPack] = {}
+    for name, body in raw.items():
+        key = f"credit_packs.{name}"
+        if not isinstance(body, dict):
+            raise PlanConfigError(f"{key}: expected a table")
+        unknown = set(body) - {
+            "metric",
+            "units",
+            "expires_after_days",
+            "stripe_prices",
+            "revenuecat_products",
+        }
+        if unknown:
+            raise PlanConfigError(f"{key}: unknown keys {sorted(unknown)}")
+        metric, units, days = body.get("metric"), body.get("units"), body.get("expires_after_days")
+        if metric not in metrics:
+            raise PlanConfigError(f"{key}.metric: expected a metric some plan lists in its limits")
+        if kinds.get(metric, Metric(name=metric)).kind != MetricKind.CONSUMABLE:
+            raise PlanConfigError(f"{key}.metric: {metric!r} is an allocation; credits are for consumables")
+        # units fit a grant (bigint, and a quantity of up to 1000 packs); days at most a century
+        for field_name, value, most in (("units", units, 2**31 - 1), ("expires_after_days", days, 36_500)):
+            if (field_name == "units" or value is not None) and (
+                isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= most
+            ):
+                raise PlanConfigError(f"{key}.{field_name}: expected a whole number from 1 to {most}")
+        assert isinstance(units, int)  # checked above
+        pack = CreditPack(
+            name=name,
+            metric=metric,
+            units=units,
+            expires_after_days=days,
+            stripe_prices=_strings(f"credit_packs.{name}", "stripe_prices", body.get("stripe_prices")),
+            revenuecat_products=_strings(
+                f"credit_packs.{name}", "revenuecat_products", body.get("revenuecat_products")
+            ),
+        )
+        for list_key in ("stripe_prices", "revenuecat_products"):
+            for v in getattr(pack, list_key):
+                other = seen.setdefault((list_key, v), key)
+                if other != key:
+                    owner = other if other.startswith("credit_packs.") else f"plans.{other}"
+                    raise PlanConfigError(
+                        f"{list_key} {v!r} is listed by both {owner} and {key}: a price or product "
+                        "belongs to one plan or one credit pack"
+                    )
+        packs[name] = pack
+    return packs
 
 
 def _kinds(raw: Any, metrics: tuple[str, ...]) -> dict[str, Metric]:

@@ -53,6 +53,22 @@ class LedgerKind(StrEnum):
     TAKE = "take"
     RELEASE = "release"
     RESET = "reset"
+    # A grant's rows (README "Credits"): created, drawn by a take, given back by a release, a
+    # release's share forfeited (the grant had ended), voided, expired.
+    GRANT = "grant"
+    GRANT_TAKE = "grant_take"
+    GRANT_RELEASE = "grant_release"
+    GRANT_FORFEIT = "grant_forfeit"
+    GRANT_VOID = "grant_void"
+    GRANT_EXPIRE = "grant_expire"
+
+
+class GrantSource(StrEnum):
+    """Who gave a grant (credits): an admin, or a purchase through a provider."""
+
+    ADMIN = "admin"
+    STRIPE = "stripe"
+    REVENUECAT = "revenuecat"
 
 
 class Role(StrEnum):

@@ -68,6 +68,13 @@ BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
         "schedule": crontab(minute=55),
         "options": {"expires": 50 * 60},
     },
+    # Hourly: the expiry rows of grants past their time (credits). Not needed for correctness: takes
+    # and reads ignore an expired grant at once; the rows are the ledger's account of what expired.
+    "expire-grants": {
+        "task": "quota.expire_grants",
+        "schedule": crontab(minute=50),
+        "options": {"expires": 50 * 60},
+    },
     "plan-sync": {
         "task": "quota.plan_sync",
         "schedule": crontab(minute=15, hour=2),

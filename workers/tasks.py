@@ -11,7 +11,7 @@ from service.billing import expiry, inbox
 from service.config import Settings
 from service.db import Connection, connect
 from service.plans import load_plans
-from service.quota import checkpoint, plan_sync, reset
+from service.quota import checkpoint, grants, plan_sync, reset
 from workers.app import app
 
 # The outcome of each job goes to the worker's log here (the service functions only log progress).
@@ -105,6 +105,17 @@ def expire_access(at: str | None = None) -> dict[str, object]:
     with _connect(settings) as conn:
         outcome = expiry.end_expired(conn, plans, at=when)
     return {"accounts": outcome.accounts, "subscriptions": outcome.subscriptions, "message": outcome.message}
+
+
+@app.task(name="quota.expire_grants")
+def expire_grants() -> dict[str, object]:
+    """Write the expiry row of every grant past its time that has none yet (service.quota.grants);
+    a second run writes nothing."""
+    settings = Settings.from_env()
+    with _connect(settings) as conn:
+        written = grants.expire_due(conn)
+    log.info("expire grants: %d expiry rows written", written)
+    return {"expired": written}
 
 
 @app.task(name="ledger.checkpoint")

@@ -168,7 +168,8 @@ $f$;
 -- a multi-line take (one account's counters in metric order) or a reset; the items of one counter go
 -- in item order, so each answer is the one the same takes made one after another would get. An item
 -- refused reads the counter it met, as takes.sql `take_refusal` does (`deleted` NULL: no such
--- account); an item whose idempotency key is in the ledger already is not taken (`key_met`), and the
+-- account; `credits`: the live grants' remaining when the allowance has no room, for the caller's
+-- take with credits); an item whose idempotency key is in the ledger already is not taken (`key_met`), and the
 -- caller replays it as a single take's refusal does. One commit for the batch instead of one per item
 -- is what makes a batch cheaper than its takes one by one (bench/README.md, "Takes in bulk"). A key
 -- used concurrently between the look-up and the INSERT raises a unique violation, which undoes the
@@ -177,7 +178,7 @@ $f$;
 CREATE OR REPLACE FUNCTION ledger_take_each(
     p_account_ids text[], p_metrics text[], p_units bigint[], p_periods text[], p_keys text[], p_actor text
 ) RETURNS TABLE (item integer, granted boolean, key_met boolean, take_id bigint, used bigint, "limit" bigint,
-                 counter_period text, limit_source text, deleted boolean)
+                 counter_period text, limit_source text, deleted boolean, credits bigint)
 LANGUAGE plpgsql SET search_path = pg_catalog, public, pg_temp AS $f$
 DECLARE
     x record;
@@ -190,6 +191,7 @@ BEGIN
         item := x.n;
         granted := false;
         deleted := NULL;
+        credits := 0;
         key_met := x.key IS NOT NULL
                    AND EXISTS (SELECT FROM ledger l WHERE l.account_id = x.account_id AND l.idempotency_key = x.key);
         IF key_met THEN
@@ -200,8 +202,9 @@ BEGIN
               FROM ledger_take(x.account_id, x.metric, x.units, x.period, x.key, p_actor) AS t;
             granted := FOUND;
             IF NOT granted THEN  -- no row: every field NULL, no such account
-                SELECT a.deleted, q.used, q.lim, q.period, q.limit_source
-                  INTO deleted, used, "limit", counter_period, limit_source
+                SELECT a.deleted, q.used, q.lim, q.period, q.limit_source,
+                       CASE WHEN q.used + x.units > q.lim THEN grant_credits(a.id, x.metric) ELSE 0 END
+                  INTO deleted, used, "limit", counter_period, limit_source, credits
                   FROM accounts a
                   LEFT JOIN quotas q ON q.account_id = a.id AND q.metric = x.metric
                  WHERE a.id = x.account_id;
@@ -276,6 +279,12 @@ WITH taken AS (
        AND t.period IN (p_period, left(p_period, 7), 'held')
        AND NOT EXISTS (SELECT 1 FROM ledger r
                         WHERE r.account_id = p_account_id AND r.kind = 'release' AND r.take_id = t.id)
+       -- a take that drew on grants (its allowance share filled the counter, and its draws follow it
+       -- in the chain) is ledger_release_credits' (migrations/repeatable/grants.sql): not here
+       AND NOT (t.lim IS NOT NULL AND t.used_after >= t.lim
+                AND EXISTS (SELECT 1 FROM ledger d
+                             WHERE d.account_id = p_account_id AND d.metric = t.metric AND d.seq = t.seq + 1
+                               AND d.kind = 'grant_take' AND d.take_id = t.id))
 ), held AS (
     SELECT q.account_id, q.metric, q.used, taken.units, taken.id AS take_id
       FROM quotas q JOIN taken ON q.account_id = taken.account_id AND q.metric = taken.metric

@@ -15,8 +15,10 @@ are locked one statement each, in id order (docs/design/billing.md).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from typing import cast
 
 import psycopg
@@ -24,6 +26,8 @@ from psycopg.rows import class_row, dict_row
 
 from service.billing.events import (
     Change,
+    CreditPurchase,
+    CreditRefund,
     CustomerLink,
     Envelope,
     NoChange,
@@ -32,6 +36,7 @@ from service.billing.events import (
     Transfer,
 )
 from service.db import Connection, Positional, Q
+from service.errors import UntranslatableEvent
 from service.plans import PlanConfig, array_literal
 
 _DELIVER = Positional.of(Q.billing_deliver)
@@ -86,9 +91,40 @@ def plan_for(plans: PlanConfig, keys: PlanKeys) -> str | None:
     return None
 
 
-def account_keys(change: SubscriptionChange | CustomerLink | Transfer) -> AccountKeys:
-    """How to find the account `change` is for."""
+def credits_or(plans: PlanConfig, change: Change) -> Change:
+    """Where billing decides that an event is about credits (README "Credits"): a RevenueCat
+    one-time purchase of a product that a credit pack lists is that pack's purchase, keyed by its
+    transaction, and its CANCELLATION a refund; any other event of such a product changes nothing
+    (a product belongs to a plan or a pack, never both: service/plans.py). Anything else is as given."""
+    if not isinstance(change, SubscriptionChange) or not change.transaction_id:
+        return change
+    product = change.plan_keys.revenuecat_product
+    pack = plans.pack_for_revenuecat_product(product)
+    if pack is None:
+        return change
+    if change.non_renewing:
+        return CreditPurchase(
+            reference=change.transaction_id,
+            account_ids=change.account_ids,
+            customer_id=change.customer_id,
+            product=product,
+        )
+    if change.cancellation:
+        return CreditRefund(reference=change.transaction_id)
+    return NoChange(
+        reason=f"product {product!r} is the credit pack {pack.name!r}: only its purchase and refund count"
+    )
+
+
+def account_keys(
+    change: SubscriptionChange | CustomerLink | Transfer | CreditPurchase | CreditRefund,
+) -> AccountKeys:
+    """How to find the account `change` is for (a refund's: its grant's, found by resolve)."""
     match change:
+        case CreditPurchase():
+            return AccountKeys(account_ids=change.account_ids, customer_id=change.customer_id)
+        case CreditRefund():
+            return AccountKeys(account_ids=())
         case SubscriptionChange() | CustomerLink():
             return AccountKeys(
                 account_ids=change.account_ids,
@@ -119,6 +155,9 @@ def resolve(conn: Connection, provider: str, change: Change) -> LockedAccount | 
     locked by its id: two statements, so that on Citus the lock is on the account's shard alone."""
     if isinstance(change, NoChange):
         return None
+    if isinstance(change, CreditRefund):
+        bought = _purchased(conn, provider, change, account_id=None)
+        return None if bought is None else lock_account(conn, str(bought["account_id"]))
     account_id = find_account(conn, provider, account_keys(change))
     return None if account_id is None else lock_account(conn, account_id)
 
@@ -172,6 +211,108 @@ def apply_change(
             return _link(conn, env, change, account)
         case Transfer():
             return _transfer(conn, plans, env, change, account, actor=actor)
+        case CreditPurchase():
+            return _credit_purchase(conn, plans, env, change, account, actor=actor)
+        case CreditRefund():
+            return _credit_refund(conn, env, change, account, actor=actor)
+
+
+def _credit_purchase(
+    conn: Connection,
+    plans: PlanConfig,
+    env: Envelope,
+    change: CreditPurchase,
+    account: LockedAccount | None,
+    *,
+    actor: str,
+) -> Outcome:
+    """Grant the pack, once per purchase; its expiry counts from the purchase, whenever it applies."""
+    if account is None:
+        return Outcome(
+            status="unmatched",
+            customer_id=change.customer_id,
+            note=unmatched_note(change.account_ids, change.customer_id),
+        )
+    pack = (
+        plans.packs.get(change.pack or "")
+        if change.product is None
+        else plans.pack_for_revenuecat_product(change.product)
+    )
+    if pack is None:
+        raise UntranslatableEvent(f"no credit pack {change.pack or change.product!r} in the plan config")
+    units = pack.units * change.quantity
+    days = pack.expires_after_days
+    params = {
+        "account_id": account.id,
+        "metric": pack.metric,
+        "units": units,
+        "expires_at": None if days is None else env.occurred_at + timedelta(days=days),
+        "provider": env.provider,
+        "reference": change.reference,
+        "note": f"{pack.name} x {change.quantity} ({env.provider} {change.reference})",
+        "actor": actor,
+        "payment_ref": change.payment_ref,
+    }
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(Q.credit_grant, params).fetchone()
+    if row is None:
+        raise UntranslatableEvent(
+            f"account {account.id!r} has no counter of {pack.metric!r} yet; replay once the account is read"
+        )
+    said = "granted" if row["created"] else "already granted"
+    return Outcome(
+        status="applied",
+        account_id=account.id,
+        customer_id=change.customer_id,
+        note=f"{said} {units} {pack.metric} ({pack.name} x {change.quantity}): grant {row['grant_id']}",
+    )
+
+
+def _purchased(
+    conn: Connection, provider: str, change: CreditRefund, *, account_id: str | None
+) -> dict[str, object] | None:
+    params = {
+        "provider": provider,
+        "payment_ref": change.payment_ref,
+        "reference": change.reference,
+        "account_id": account_id,
+    }
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(Q.credit_purchased, params).fetchone()
+
+
+def _credit_refund(
+    conn: Connection, env: Envelope, change: CreditRefund, account: LockedAccount | None, *, actor: str
+) -> Outcome:
+    """Void the refunded share of the purchase's grant, forward-only: a running total refunded of
+    `amount`, rounded up in units, less what was voided already; all of it (what is left) for a
+    whole refund. What takes drew stays drawn, so a balance never goes negative."""
+    bought = None if account is None else _purchased(conn, env.provider, change, account_id=account.id)
+    if account is None or bought is None:
+        return Outcome(status="ignored", note="no credit grant was bought by this payment or transaction")
+    units: int | None = None  # the whole remainder
+    if (
+        change.amount is not None
+        and change.amount_refunded is not None
+        and change.amount_refunded < change.amount
+    ):
+        share = math.ceil(cast(int, bought["units"]) * change.amount_refunded / change.amount)
+        units = share - cast(int, bought["voided"])
+        if units <= 0:
+            return Outcome(
+                status="applied",
+                account_id=account.id,
+                note=f"grant {bought['grant_id']}: nothing more to void",
+            )
+    params = {"account_id": account.id, "grant_id": bought["grant_id"], "units": units, "actor": actor}
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(Q.credit_void, params).fetchone()
+    assert row is not None  # the grant was just found, under the account's lock
+    return Outcome(
+        status="applied",
+        account_id=account.id,
+        note=f"grant {bought['grant_id']}: {row['voided']} voided in all, {row['used']} already used",
+    )
 
 
 def deliver_params(

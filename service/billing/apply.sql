@@ -75,3 +75,30 @@ SELECT billing_set_tier(%(account_id)s, %(plan)s, %(status)s, NULL, false, %(act
 -- linked to, and whether this made the link.
 SELECT linked_to, created
   FROM billing_link_customer(%(provider)s, %(customer_id)s, %(account_id)s, %(event_id)s)
+
+-- name: credit_grant
+-- A credit pack's grant (README "Credits"): quota's writer, grant_create (migrations/repeatable/
+-- grants.sql), once per purchase (source, reference): a redelivery finds the first grant. As the
+-- owner, in the delivery's transaction, after the account's lock, so that on Citus the account's
+-- node is written by one user. No row: the account has no counter of the metric.
+SELECT created, grant_id
+  FROM grant_create(%(account_id)s::text, %(metric)s::text, %(units)s::bigint, %(expires_at)s::timestamptz,
+                    %(provider)s::text, %(reference)s::text, %(note)s::text, %(actor)s::text,
+                    %(payment_ref)s::text)
+
+-- name: credit_purchased
+-- The grant a purchase made: by its payment (a Stripe charge names its payment intent alone) or by
+-- its reference (a RevenueCat transaction id), of any account (on Citus, every shard is asked).
+SELECT account_id, id AS grant_id, units, coalesce(voided, 0) AS voided
+  FROM grants
+ WHERE source = %(provider)s
+   AND (payment_ref = %(payment_ref)s OR source_ref = %(reference)s)
+   AND (%(account_id)s::text IS NULL OR account_id = %(account_id)s)
+ ORDER BY id
+ LIMIT 1
+
+-- name: credit_void
+-- A refund's void of a purchased grant, forward-only (quota's grant_void): `units` at most (NULL:
+-- all that is left).
+SELECT voided, used, changed
+  FROM grant_void(%(account_id)s::text, %(grant_id)s::bigint, %(units)s::bigint, %(actor)s::text)

@@ -148,6 +148,7 @@ def _deliver(conn: Connection, plans: PlanConfig, env: Envelope, change: Change)
     """Dedupe, store, resolve, apply and finish: in one statement when it can (a subscription
     event), else on the locked path. The receipt, and whether stored unmatched events may apply."""
     actor = f"webhook:{env.provider}:{env.event_id}"
+    change = apply.credits_or(plans, change)
     if isinstance(change, SubscriptionChange):
         try:
             done = apply.deliver_subscription(conn, plans, env, change, actor=actor)
@@ -220,6 +221,7 @@ def replay(
                 if isinstance(admitted, Outcome):
                     _finish(conn, inbox_id, admitted, named=(), replay=True)
                 else:
+                    admitted = apply.credits_or(plans, admitted)
                     _resolve_apply_finish(conn, plans, env, admitted, inbox_id, actor=by, replay=True)
                 inbox.audit_replay(conn, inbox_id, actor=actor)
             break

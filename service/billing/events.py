@@ -91,6 +91,11 @@ class SubscriptionChange:
     opens: bool = False
     expires_at: datetime | None = None
     supersedes_temporary: bool = False
+    # RevenueCat: the store's transaction id (NON_RENEWING_PURCHASE, CANCELLATION), by which a
+    # product that is a credit pack is granted once, and its refund voided (apply.credits_or)
+    transaction_id: str | None = None
+    non_renewing: bool = False  # a one-time purchase (RevenueCat NON_RENEWING_PURCHASE)
+    cancellation: bool = False  # RevenueCat CANCELLATION: of a one-time purchase, a refund
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,10 +118,39 @@ class Transfer:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CreditPurchase:
+    """A credit pack bought once (README "Credits"): grant it to the account, once per `reference`
+    (a Stripe checkout session id, a RevenueCat transaction id). The pack is named (`pack`: Stripe's
+    metadata.credit_pack) or found by its store product (`product`: RevenueCat); `quantity` packs.
+    `payment_ref`: the payment whose refund voids it (a Stripe payment intent). The account is the
+    first of `account_ids` that exists, else the customer's linked account; none: stored unmatched."""
+
+    reference: str
+    account_ids: tuple[str, ...]
+    customer_id: str | None = None
+    pack: str | None = None
+    product: str | None = None
+    quantity: int = 1
+    payment_ref: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CreditRefund:
+    """A refund of a credit purchase: void, forward-only, the refunded share of its grant (Stripe:
+    `amount_refunded` / `amount` of the payment `payment_ref`, a running total, rounded up) or
+    what is left of it (RevenueCat: the transaction `reference`, `amount` None)."""
+
+    reference: str | None = None
+    payment_ref: str | None = None
+    amount: int | None = None
+    amount_refunded: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class NoChange:
     """A known event that changes nothing here (stored as ignored); `reason` says why."""
 
     reason: str
 
 
-Change = SubscriptionChange | CustomerLink | Transfer | NoChange
+Change = SubscriptionChange | CustomerLink | Transfer | CreditPurchase | CreditRefund | NoChange

@@ -494,8 +494,17 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
             f"{m.account_id} {m.metric}: counter used {m.counter_used}, ledger sum {m.ledger_used}, "
             f"last used_after {m.last_used_after}"
         )
-    verdict = "OK" if result.ok else f"{len(result.mismatches)} mismatch(es)"
-    print(f"reconcile {result.period}: {result.checked:,} counters checked: {verdict}")
+    for g in result.grant_mismatches:
+        print(
+            f"{g.account_id} {g.metric} grant {g.grant_id}: remaining {g.remaining}, "
+            f"ledger {g.ledger_remaining}"
+        )
+    bad = len(result.mismatches) + len(result.grant_mismatches)
+    verdict = "OK" if result.ok else f"{bad} mismatch(es)"
+    print(
+        f"reconcile {result.period}: {result.checked:,} counters and {result.grants_checked:,} grants "
+        f"checked: {verdict}"
+    )
     return 0 if result.ok else 1
 
 

@@ -28,7 +28,7 @@ from service.http.runtime import runtime
 from service.http.schemas import requests as rq
 from service.http.schemas import responses as rs
 from service.http.validation import account_id, json_body, json_object, load, query_args
-from service.quota import accounts, check, features, history, periods, takes, usage
+from service.quota import accounts, check, features, grants, history, periods, takes, usage
 
 bp = Blueprint("accounts", __name__, url_prefix="/v1")
 PRODUCT = ("product", "admin")
@@ -286,6 +286,24 @@ def get_usage_history(id: str) -> Response:
             conn, account_id=id, metric=args["metric"], first=args["first"], last=args["last"]
         )
     return jsonify(rs.USAGE_HISTORY.dump({"metric": args["metric"], "days": days}))
+
+
+@bp.get("/accounts/<id>/grants")
+@require(*PRODUCT)
+@refuses(ValidationFailed, UnknownAccount)
+def get_grants(id: str) -> Response:
+    """The account's grants (credits), live and ended, newest first.
+    ---
+    get:
+      parameters: [{in: query, schema: GrantsQuery}]
+      responses:
+        200: {description: the grants, content: {application/json: {schema: GrantsResponse}}}
+    """
+    args = query_args(rq.GRANTS_QUERY)
+    with runtime().connection() as conn:
+        accounts.find_account(conn, account_id=account_id(id))
+        found = grants.list_grants(conn, account_id=id, metric=args.get("metric"))
+    return jsonify(rs.GRANTS.dump({"grants": found}))
 
 
 # What a usage query must name for a metric whose current period is this long (periods.py).

@@ -7,16 +7,26 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
-from service.errors import AccountDeleted, NotResettable, UnknownAccount, UnknownFeature, UnknownMetric
+from service.errors import (
+    AccountDeleted,
+    IdempotencyKeyReused,
+    NotGrantable,
+    NotResettable,
+    UnknownAccount,
+    UnknownFeature,
+    UnknownGrant,
+    UnknownMetric,
+)
 from service.http.auth import actor, require
 from service.http.errors import InvalidJson, ValidationFailed, refuses
 from service.http.runtime import runtime
 from service.http.schemas import requests as rq
 from service.http.schemas import responses as rs
 from service.http.validation import account_id, json_body
-from service.quota import accounts, admin, features, overrides
+from service.quota import accounts, admin, features, grants, overrides
 from service.quota.accounts import MetricView
 from service.quota.features import FeatureView
+from service.vocabulary import GrantSource
 
 bp = Blueprint("admin", __name__, url_prefix="/v1/admin")
 
@@ -194,3 +204,58 @@ def restore_account(id: str) -> Response:
     with runtime().connection() as conn:
         restored = admin.restore(conn, account_id=account_id(id), actor=actor())
     return jsonify(rs.RESTORED.dump({"id": id, "deleted": False, "restored": restored}))
+
+
+@bp.post("/accounts/<id>/grants")
+@require("admin")
+@refuses(
+    InvalidJson,
+    ValidationFailed,
+    UnknownMetric,
+    NotGrantable,
+    UnknownAccount,
+    AccountDeleted,
+    IdempotencyKeyReused,
+)
+def post_grant(id: str) -> tuple[Response, int]:
+    """Grant units of a consumable metric on top of the plan (credits), audited; the same key again
+    answers 200 with the first grant and writes nothing.
+    ---
+    post:
+      requestBody: {required: true, content: {application/json: {schema: GrantRequest}}}
+      responses:
+        200: {description: this key's earlier grant, content: {application/json: {schema: GrantResponse}}}
+        201: {description: granted, content: {application/json: {schema: GrantResponse}}}
+    """
+    body = json_body(rq.GRANT_REQUEST)
+    rt = runtime()
+    with rt.connection() as conn:
+        grant = grants.create_grant(
+            conn,
+            rt.plans,
+            account_id=account_id(id),
+            metric=body["metric"],
+            units=body["units"],
+            expires_at=body.get("expires_at"),
+            note=body.get("note"),
+            source=GrantSource.ADMIN,
+            source_ref=body["idempotency_key"],
+            actor=actor(),
+        )
+    return jsonify(rs.GRANT.dump(grant)), 201 if grant.created else 200
+
+
+@bp.post("/grants/<int:grant_id>/void")
+@require("admin")
+@refuses(UnknownGrant)
+def void_grant(grant_id: int) -> Response:
+    """Void a grant forward-only: what is left is forfeited, what takes drew stays used; audited.
+    Again: the same answer, nothing written.
+    ---
+    post:
+      responses:
+        200: {description: voided, content: {application/json: {schema: VoidResponse}}}
+    """
+    with runtime().connection() as conn:
+        voided = grants.void_grant(conn, grant_id=grant_id, actor=actor())
+    return jsonify(rs.VOIDED.dump(voided))

@@ -26,8 +26,8 @@ from service.http.inbound import MAX_BIGINT
 from service.http.runtime import Runtime
 from service.http.schemas import requests as rq
 from service.http.schemas import responses as rs
-from service.http.schemas.fields import Feature, IdempotencyKey, Metric, Text
-from service.vocabulary import ACCOUNT_ID_PATTERN
+from service.http.schemas.fields import ConsumableMetric, Feature, IdempotencyKey, Metric, Text
+from service.vocabulary import ACCOUNT_ID_PATTERN, MetricKind
 
 ROW_ID = {"type": "integer", "minimum": 0, "maximum": MAX_BIGINT}
 
@@ -44,6 +44,7 @@ def _path_parameters(metrics: list[str], features: list[str]) -> dict[str, dict[
         "metric": _names(metrics),
         "feature": _names(features),
         "take_id": ROW_ID,
+        "grant_id": ROW_ID,
         "inbox_id": ROW_ID,
     }
 
@@ -109,9 +110,9 @@ class _RoutePlugin(BasePlugin):
             op["responses"] = dict(sorted(op["responses"].items(), key=lambda item: int(item[0])))
 
 
-def _field_rules(metrics: list[str], features: list[str]) -> Any:
+def _field_rules(metrics: list[str], features: list[str], consumables: list[str]) -> Any:
     """What our field classes refuse beyond their type: Text a NUL (which Postgres cannot store),
-    Metric and Feature a name the plan config does not know."""
+    Metric and Feature a name the plan config does not know (ConsumableMetric: an allocation's too)."""
 
     def field_rules(self: OpenAPIConverter, field: fields.Field[Any], **kwargs: Any) -> dict[str, Any]:
         rules: dict[str, Any] = {}
@@ -120,7 +121,7 @@ def _field_rules(metrics: list[str], features: list[str]) -> Any:
         elif isinstance(field, Text):
             rules["pattern"] = "^[^\\u0000]*$"
         if isinstance(field, Metric):
-            rules["enum"] = metrics
+            rules["enum"] = consumables if isinstance(field, ConsumableMetric) else metrics
         if isinstance(field, Feature) and features:
             rules["enum"] = features
         return rules
@@ -140,7 +141,8 @@ def build(app: Flask) -> dict[str, Any]:
         info={"description": "Plan limits from billing webhooks, atomic takes, an append-only ledger."},
     )
     assert marshmallow.converter is not None
-    marshmallow.converter.add_attribute_function(_field_rules(metrics, features))  # type: ignore[no-untyped-call]
+    consumables = [m for m in metrics if rt.plans.metric(m).kind == MetricKind.CONSUMABLE]
+    marshmallow.converter.add_attribute_function(_field_rules(metrics, features, consumables))  # type: ignore[no-untyped-call]
     spec.components.security_scheme("apiKey", {"type": "http", "scheme": "bearer"})
     spec.components.security_scheme(
         "revenuecatAuthorization", {"type": "apiKey", "in": "header", "name": "Authorization"}

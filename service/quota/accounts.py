@@ -35,10 +35,12 @@ class MetricView:
     plan_limit: int | None
     override_set: bool
     override_limit: int | None
+    credits: int = 0  # what the live grants of this metric have left (README "Credits")
 
     @property
     def remaining(self) -> int | None:
-        return None if self.limit is None else max(self.limit - self.used, 0)
+        """The allowance left, plus the credits; None when unlimited."""
+        return None if self.limit is None else max(self.limit - self.used, 0) + self.credits
 
     @property
     def over_limit(self) -> bool:

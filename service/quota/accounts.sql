@@ -53,7 +53,8 @@ SELECT id, kind, plan, subscription_status, stripe_customer_id, deleted
 SELECT q.metric, m.kind, m.reset, q.lim AS "limit", q.limit_source,
        CASE WHEN q.period < m.period THEN 0 ELSE q.used END AS used,
        greatest(q.period, m.period) AS counter_period,
-       q.plan_limit, q.override_set, q.override_limit
+       q.plan_limit, q.override_set, q.override_limit,
+       grant_credits(q.account_id, q.metric) AS credits  -- the live grants' remaining (README "Credits")
   FROM quotas q
   JOIN unnest(%(metrics)s::text[], %(periods)s::text[], %(kinds)s::text[], %(resets)s::text[])
            AS m (metric, period, kind, reset) ON m.metric = q.metric

@@ -67,7 +67,8 @@ def fields(*values: object) -> bytes:
 def canonical(row: Any) -> bytes:
     """The canonical message of a ledger row (anything with the ledger's column names as attributes):
     id, at, account_id, metric, period, kind, units, used_after, lim, take_id, idempotency_key, actor,
-    in `fields` form."""
+    in `fields` form, and a grant's row's grant_id after them (a row without one: nothing more)."""
+    grant_id = getattr(row, "grant_id", None)
     return fields(
         row.id,
         epoch_us(row.at),
@@ -81,7 +82,7 @@ def canonical(row: Any) -> bytes:
         row.take_id,
         row.idempotency_key,
         row.actor,
-    )
+    ) + (b"" if grant_id is None else fields(grant_id))
 
 
 def row_hash(prev_hash: bytes | None, row: Any) -> bytes:
@@ -194,13 +195,21 @@ def _follows(prev: Any, row: Any) -> str | None:
     granted against, a release gives back at most what is held, a reset clears what was held."""
     before = 0 if prev is None else prev.used_after
     source = "an empty counter" if prev is None else f"row {prev.id} (used_after {before})"
-    if row.kind == "take":
+    if row.kind.startswith("grant"):  # a grant's row leaves the counter as it was (README "Credits")
+        if getattr(row, "grant_id", None) is None:
+            return f"a {row.kind} row that names no grant"
+        if row.used_after != before:
+            return (
+                f"a {row.kind} row leaving {row.used_after} does not follow from {source}: it moves no usage"
+            )
+    elif row.kind == "take":
         if row.used_after != before + row.units:
             return (
                 f"used_after {row.used_after} does not follow from {source}: a take of {row.units} "
                 f"leaves {before + row.units}"
             )
-        if row.lim is not None and row.used_after > row.lim:
+        # a take the allowance gave nothing to (all from grants) leaves a counter over its limit as it was
+        if row.lim is not None and row.used_after > row.lim and row.units > 0:
             return f"used_after {row.used_after} is over the limit {row.lim} the take was granted against"
     elif row.kind == "release":
         if row.units > before or row.used_after != before - row.units:
@@ -213,6 +222,30 @@ def _follows(prev: Any, row: Any) -> str | None:
             f"a reset clearing {row.units} and leaving {row.used_after} does not follow from {source}: "
             f"a reset clears {before} and leaves 0"
         )
+    return None
+
+
+def _grant_balance(balances: dict[int, int], row: Any) -> str | None:
+    """A grant's row against what its earlier rows left it (README "Credits"): a draw, a void or an
+    expiry takes at most what is left, an expiry all of it. `balances`: the counter's grants seen
+    created in this walk (a walk from --since may start after a grant's creation: not checked)."""
+    kind, grant_id, units = row.kind, getattr(row, "grant_id", None), row.units
+    if grant_id is None:
+        return None
+    if kind == "grant":
+        if grant_id in balances:
+            return f"grant {grant_id} created a second time"
+        balances[grant_id] = units
+        return None
+    left = balances.get(grant_id)
+    if left is None:
+        return None
+    if kind == "grant_release":
+        balances[grant_id] = left + units
+    elif kind in ("grant_take", "grant_void", "grant_expire"):
+        if units > left or (kind == "grant_expire" and units != left):
+            return f"a {kind} of {units} where grant {grant_id} had {left} left"
+        balances[grant_id] = left - units
     return None
 
 
@@ -376,6 +409,7 @@ def verify(
             key: tuple[str, str] | None = None
             prev: Any = None
             count = 0
+            balances: dict[int, int] = {}  # the counter's grants: what each has left so far
             row: Any
             for row in _stream(conn, page.query, page.params):
                 if row.account_id != account:
@@ -384,7 +418,7 @@ def verify(
                 if (row.account_id, row.metric) != key:
                     if key is not None and track:
                         lasts[key] = (prev, count)
-                    key, prev, count = (row.account_id, row.metric), None, 0
+                    key, prev, count, balances = (row.account_id, row.metric), None, 0, {}
                 pin = pins.get(key)
                 if pin is not None and pin[0] == row.seq:
                     del pins[key]
@@ -407,6 +441,8 @@ def verify(
                     on_progress(result.rows)
                 for problem in _check(prev, row, slack):
                     found(row.account_id, row.metric, row.id, problem)
+                if row.grant_id is not None and (balance := _grant_balance(balances, row)) is not None:
+                    found(row.account_id, row.metric, row.id, balance)
                 prev = row
             if key is not None and track:
                 lasts[key] = (prev, count)

@@ -16,7 +16,7 @@ SELECT id AS next FROM accounts WHERE id >= %(start)s ORDER BY id OFFSET %(accou
 -- One page of rows to check: the account ids in [start, next) (next NULL: to the end), or one
 -- account; each counter's rows in chain order (seq, migrations/0015). A page holds whole accounts.
 SELECT id, at, seq, account_id, metric, period, kind, units, used_after, lim, take_id, idempotency_key,
-       actor, prev_hash, hash, false AS anchor
+       actor, prev_hash, hash, grant_id, false AS anchor
   FROM ledger
  WHERE (%(account_id)s::text IS NULL OR account_id = %(account_id)s)
    AND account_id >= %(start)s AND (%(next)s::text IS NULL OR account_id < %(next)s)
@@ -37,7 +37,7 @@ SELECT account_id, metric, chain_id, chain_seq, chain_hash
 -- its hash. Each branch reads the ledger itself (no CTE shared between them), grouped by the account,
 -- so Citus pushes the whole walk down to the shards, where each counter's rows live.
 SELECT l.id, l.at, l.seq, l.account_id, l.metric, l.period, l.kind, l.units, l.used_after, l.lim,
-       l.take_id, l.idempotency_key, l.actor, l.prev_hash, l.hash, false AS anchor
+       l.take_id, l.idempotency_key, l.actor, l.prev_hash, l.hash, l.grant_id, false AS anchor
   FROM ledger l
   JOIN (SELECT account_id, metric, min(seq) AS first
           FROM ledger
@@ -46,7 +46,7 @@ SELECT l.id, l.at, l.seq, l.account_id, l.metric, l.period, l.kind, l.units, l.u
     ON l.account_id = c.account_id AND l.metric = c.metric AND l.seq >= c.first
 UNION ALL
 SELECT a.id, a.at, a.seq, a.account_id, a.metric, a.period, a.kind, a.units, a.used_after, a.lim,
-       a.take_id, a.idempotency_key, a.actor, a.prev_hash, a.hash, true AS anchor
+       a.take_id, a.idempotency_key, a.actor, a.prev_hash, a.hash, a.grant_id, true AS anchor
   FROM ledger a
   JOIN (SELECT account_id, metric, min(seq) AS first
           FROM ledger

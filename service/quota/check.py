@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from service.db import Connection
 from service.errors import AccountDeleted, UnknownAccount
 from service.plans import PlanConfig
-from service.quota import periods
+from service.quota import grants, periods
 from service.quota.accounts import ensure_quotas, require_metric
 from service.quota.takes import read_counter, refuse_kind_change
 
@@ -61,8 +61,12 @@ def check_metric(
         used, period = counter.used, counter.period
     else:
         used = 0
+    allowed = counter.limit is None or used + units <= counter.limit
+    if not allowed:  # as the take: the account's live grants after the allowance (README "Credits")
+        room = max(counter.limit - used, 0) if counter.limit is not None else 0
+        allowed = room + grants.credits(conn, account_id=account_id).get(metric, 0) >= units
     return MetricCheck(
-        allowed=counter.limit is None or used + units <= counter.limit,
+        allowed=allowed,
         metric=metric,
         units=units,
         limit=counter.limit,

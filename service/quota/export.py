@@ -28,6 +28,7 @@ COLUMNS = (
     "prev_hash",
     "hash",
     "seq",
+    "grant_id",
 )
 ROWS_PER_CHUNK = 1000
 # OWASP's CSV-injection rule: a spreadsheet runs a cell that starts like a formula. The full-width
@@ -64,6 +65,7 @@ def record(e: LedgerEntry) -> dict[str, Any]:
         "prev_hash": None if e.prev_hash is None else e.prev_hash.hex(),
         "hash": e.hash.hex(),
         "seq": e.seq,
+        "grant_id": e.grant_id,
     }
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -31,6 +31,7 @@ class LedgerEntry:
     prev_hash: bytes | None  # the hash chain (service/quota/chain.py)
     hash: bytes
     seq: int  # the row's position in its counter's chain: the order to check it in (not the id)
+    grant_id: int | None = None  # a grant's row (README "Credits"): the grant; hashed when set
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,14 +45,25 @@ class Mismatch:
 
 
 @dataclass(frozen=True, kw_only=True)
+class GrantMismatch:
+    account_id: str
+    metric: str
+    grant_id: int
+    remaining: int
+    ledger_remaining: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class Reconciliation:
     period: str
     checked: int
     mismatches: list[Mismatch]
+    grants_checked: int = 0
+    grant_mismatches: list[GrantMismatch] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.mismatches
+        return not self.mismatches and not self.grant_mismatches
 
 
 def page(
@@ -111,7 +123,19 @@ def reconcile(conn: Connection, *, period: str) -> Reconciliation:
         if (r.counter_used is not None and r.counter_used != r.ledger_used)
         or (r.last_used_after is not None and r.last_used_after != r.ledger_used)
     ]
-    return Reconciliation(period=period, checked=len(rows), mismatches=bad)
+    with conn.cursor(row_factory=dict_row) as cur:
+        grant_rows = cur.execute(Q.grant_reconciliation, {"period": period}).fetchall()
+    return Reconciliation(
+        period=period,
+        checked=len(rows),
+        mismatches=bad,
+        grants_checked=grant_rows[0]["checked"] if grant_rows else 0,
+        grant_mismatches=[
+            GrantMismatch(**{k: v for k, v in r.items() if k != "checked"})
+            for r in grant_rows
+            if r["remaining"] != r["ledger_remaining"]
+        ],
+    )
 
 
 def audit_page(

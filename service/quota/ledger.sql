@@ -4,7 +4,7 @@
 -- A page after a cursor (the last id seen), in id order: a stable order to page by. Ids are unique
 -- but not a counter's chain order (on Citus each node draws from its own range): seq is.
 SELECT id, at, account_id, metric, period, kind, units, used_after, lim, take_id, idempotency_key, actor,
-       prev_hash, hash, seq
+       prev_hash, hash, seq, grant_id
   FROM ledger
  WHERE id > %(after)s
    AND (%(account_id)s::text IS NULL OR account_id = %(account_id)s)
@@ -21,7 +21,7 @@ SELECT id, at, account_id, metric, period, kind, units, used_after, lim, take_id
 -- between the month and the month followed by '.' (service/quota/periods.py), day after day, in the
 -- ledger_period index's order.
 SELECT id, at, account_id, metric, period, kind, units, used_after, lim, take_id, idempotency_key, actor,
-       prev_hash, hash, seq
+       prev_hash, hash, seq, grant_id
   FROM ledger
  WHERE period >= %(period)s AND period < %(period)s || '.'
  ORDER BY period, account_id, metric, seq
@@ -63,6 +63,27 @@ SELECT account_id, metric, period, c.used AS counter_used, coalesce(s.ledger_use
        s.last_used_after
   FROM counters c FULL JOIN sums s USING (account_id, metric, period)
  ORDER BY account_id, metric, period
+
+-- name: grant_reconciliation
+-- Grant vs ledger for the grants with a row in the period (as `reconciliation` reads the period): a
+-- grant's remaining must equal units - taken + released - voided - expired over all its rows, read
+-- along its counter's chain (the ledger_chain_seq index: the ledger has no index on grant_id, which
+-- every take's insert would pay for). A forfeit moves nothing: the grant had ended.
+WITH touched AS (
+    SELECT DISTINCT account_id, metric, grant_id
+      FROM ledger
+     WHERE period >= %(period)s AND period < %(period)s || '.' AND grant_id IS NOT NULL
+)
+SELECT g.account_id, g.metric, g.id AS grant_id, g.remaining, s.ledger_remaining, (SELECT count(*) FROM touched) AS checked
+  FROM touched t
+  JOIN grants g ON g.account_id = t.account_id AND g.id = t.grant_id
+ CROSS JOIN LATERAL (
+        SELECT coalesce(sum(CASE l.kind WHEN 'grant' THEN l.units WHEN 'grant_release' THEN l.units
+                                        WHEN 'grant_take' THEN -l.units WHEN 'grant_void' THEN -l.units
+                                        WHEN 'grant_expire' THEN -l.units ELSE 0 END), 0)::bigint AS ledger_remaining
+          FROM ledger l
+         WHERE l.account_id = t.account_id AND l.metric = t.metric AND l.grant_id = t.grant_id) AS s
+ ORDER BY g.account_id, g.id
 
 -- name: audit_page
 SELECT id, at, actor, action, nullif(account_id, '') AS account_id, metric, old, new

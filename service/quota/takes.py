@@ -38,6 +38,7 @@ class Take:
     counter_period: str  # periods.HELD for an allocation's take
     limit_source: str
     replayed: bool = False
+    from_credits: int = 0  # units drawn from grants (README "Credits"); the rest from the allowance
 
     @property
     def remaining(self) -> int | None:
@@ -97,6 +98,16 @@ class _Counter:
     used: int | None
     limit: int | None
     limit_source: str | None
+    credits: int = 0  # what the account's live grants of the metric have left (README "Credits")
+
+
+class _CreditsMayCover(Exception):
+    """The allowance has no room for the take, but the live grants may: the take with credits
+    (ledger_take_credits) is tried before the client is told `short`."""
+
+    def __init__(self, short: QuotaExhausted) -> None:
+        super().__init__(short.message)
+        self.short = short
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,6 +124,7 @@ class _Item:
     counter_period: str | None
     limit_source: str | None
     deleted: bool | None
+    credits: int = 0  # the live grants' remaining when the allowance had no room (else 0)
 
     @property
     def counter(self) -> _Counter | None:
@@ -124,6 +136,7 @@ class _Item:
             used=self.used,
             limit=self.limit,
             limit_source=self.limit_source,
+            credits=self.credits,
         )
 
     def take(self, attempt: _Attempt) -> Take:
@@ -218,7 +231,16 @@ def _after_refusal(conn: Connection, plans: PlanConfig, attempt: _Attempt, seen:
         earlier = _replay(conn, attempt)
         if earlier is not None:
             return earlier
-        attempt, counter = _mend(conn, plans, attempt, seen)
+        try:
+            attempt, counter = _mend(conn, plans, attempt, seen)
+        except _CreditsMayCover as may:
+            with_credits = _take_credits(conn, [attempt])
+            if with_credits:
+                return with_credits[0]
+            earlier = None if with_credits is not None else _replay(conn, attempt)  # the key met a take
+            if earlier is not None:
+                return earlier
+            raise may.short from None
         seen = None
         granted = _take(conn, attempt)
         if granted is not None:
@@ -269,6 +291,7 @@ def take_lines(
     if not 1 <= len(attempts) <= MAX_LINES or len({a.metric for a in attempts}) < len(attempts):
         raise ValueError(f"a multi-line take names 1 to {MAX_LINES} distinct metrics")
     short: list[tuple[_Attempt, QuotaExhausted]] = []
+    covered = False  # every short line is one the live grants may cover
     for _ in range(MAX_PASSES):
         granted = _take_lines(conn, attempts)
         if granted:
@@ -276,15 +299,26 @@ def take_lines(
         earlier = _replay_lines(conn, attempts)
         if earlier is not None:
             return earlier
-        short, mended = [], False
+        short, mended, covered = [], False, True
         for i, attempt in enumerate(attempts):
             try:
                 attempts[i], counter = _mend(conn, plans, attempt)
             except QuotaExhausted as e:
                 short.append((attempt, e))
+                covered = False
+                continue
+            except _CreditsMayCover as may:
+                short.append((attempt, may.short))
                 continue
             mended = mended or counter.period != attempt.period
         if short and not mended:  # every counter was in its period: these lines do not fit
+            if covered:  # unless the live grants cover them
+                with_credits = _take_credits(conn, attempts)
+                if with_credits:
+                    return with_credits
+                earlier = None if with_credits is not None else _replay_lines(conn, attempts)
+                if earlier is not None:  # the key met an earlier take
+                    return earlier
             break
     raise _lines_exhausted(short)
 
@@ -305,6 +339,27 @@ def _take_lines(conn: Connection, attempts: list[_Attempt]) -> list[Take]:
             return cur.execute(Q.take_lines, params).fetchall()
     except psycopg.errors.UniqueViolation:
         return []  # a line's key was taken by an earlier (or concurrent, now committed) take
+
+
+def _take_credits(conn: Connection, attempts: list[_Attempt]) -> list[Take] | None:
+    """The take (one line, or every line of a multi-line take) with the account's live grants after
+    the allowance, all or nothing (ledger_take_credits, migrations/repeatable/grants.sql). Called only
+    after the take's own statement refused it for want of room: the fast path stays one statement.
+    [] : it does not fit even so; None: its idempotency key met an earlier take."""
+    first = attempts[0]
+    params = {
+        "account_id": first.account_id,
+        "metrics": [a.metric for a in attempts],
+        "units": [a.units for a in attempts],
+        "periods": [a.period for a in attempts],
+        "idempotency_key": first.idempotency_key,
+        "actor": first.actor,
+    }
+    try:
+        with conn.cursor(row_factory=class_row(Take)) as cur:
+            return cur.execute(Q.take_credits, params).fetchall()
+    except psycopg.errors.UniqueViolation:
+        return None
 
 
 def _replay_lines(conn: Connection, attempts: list[_Attempt]) -> list[Take] | None:
@@ -475,11 +530,10 @@ def _judged(attempt: _Attempt, counter: _Counter | None) -> _Counter:
     if counter.period == attempt.period and counter.limit is not None:
         assert counter.used is not None  # a counter row has both
         if counter.used + attempt.units > counter.limit:
-            raise _exhausted(
-                attempt,
-                counter,
-                f"{attempt.metric}: {attempt.units} more would exceed the limit of {counter.limit}",
-            )
+            message = f"{attempt.metric}: {attempt.units} more would exceed the limit of {counter.limit}"
+            if max(counter.limit - counter.used, 0) + counter.credits >= attempt.units:
+                raise _CreditsMayCover(_exhausted(attempt, counter, message))
+            raise _exhausted(attempt, counter, message)
     return counter
 
 
@@ -553,6 +607,16 @@ def release(
         return done
     with conn.cursor(row_factory=dict_row) as cur:
         why = cur.execute(Q.release_refusal, params).fetchone()
+    if why is not None and why["drew_credits"] and not why["released"]:
+        try:
+            with conn.cursor(row_factory=class_row(Release)) as cur:
+                done = cur.execute(Q.release_credits, params).fetchone()
+        except psycopg.errors.UniqueViolation:
+            done = None  # a concurrent release of the same take committed first
+        if done is not None:
+            return done
+        with conn.cursor(row_factory=dict_row) as cur:
+            why = cur.execute(Q.release_refusal, params).fetchone()
     if why is None:
         raise UnknownTake(f"unknown take {take_id}")
     if why["released"]:
@@ -562,9 +626,10 @@ def release(
     )
 
 
-def read_counter(conn: Connection, *, account_id: str, metric: str) -> _Counter | None:
+def read_counter(conn: Connection, *, account_id: str, metric: str, units: int = 1) -> _Counter | None:
     """The counter a take of `metric` would move, with the account's deleted flag, in the one read
     by key that explains a refused take (`take_refusal`); None: no such account. The check's read
     (service/quota/check.py): what it answers is what this take would meet."""
     with conn.cursor(row_factory=class_row(_Counter)) as cur:
-        return cur.execute(Q.take_refusal, {"account_id": account_id, "metric": metric}).fetchone()
+        params = {"account_id": account_id, "metric": metric, "units": units}
+        return cur.execute(Q.take_refusal, params).fetchone()

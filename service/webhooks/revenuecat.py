@@ -145,6 +145,9 @@ def _subscription(type_: str, event: dict[str, Any]) -> SubscriptionChange:
         opens=type_ == "INITIAL_PURCHASE",
         expires_at=expires_at,
         supersedes_temporary=not temporary,
+        transaction_id=text(event, "transaction_id"),
+        non_renewing=type_ == "NON_RENEWING_PURCHASE",
+        cancellation=type_ == "CANCELLATION",
     )
 
 

@@ -26,6 +26,8 @@ from typing import Any
 from service.billing.events import (
     STATUSES,
     Change,
+    CreditPurchase,
+    CreditRefund,
     CustomerLink,
     Envelope,
     NoChange,
@@ -52,7 +54,9 @@ INVOICE_EVENTS = frozenset(
     {"invoice.paid", "invoice.payment_succeeded", "invoice.payment_failed", "invoice.payment_action_required"}
 )
 # The allowlist: any other type is stored as ignored without being translated.
-ALLOWED_TYPES = SUBSCRIPTION_EVENTS | INVOICE_EVENTS | {"checkout.session.completed"}
+PAID_CHECKOUT = frozenset({"checkout.session.completed", "checkout.session.async_payment_succeeded"})
+ALLOWED_TYPES = SUBSCRIPTION_EVENTS | INVOICE_EVENTS | PAID_CHECKOUT | {"charge.refunded"}
+MAX_PACKS = 1000  # metadata.quantity: at most this many packs in one purchase
 
 # Stripe subscription status -> ours. incomplete_expired is terminal: the first invoice was never paid.
 STATUS = {s: s for s in STATUSES} | {"incomplete_expired": "expired"}
@@ -135,6 +139,12 @@ def translate(env: Envelope) -> Change:
     match env.type:
         case t if t in SUBSCRIPTION_EVENTS:
             return _subscription(o, env.type)
+        case t if t in PAID_CHECKOUT and text(o, "metadata", "credit_pack") is not None:
+            return _purchase(o)
+        case "checkout.session.async_payment_succeeded":
+            return NoChange(reason="a checkout session that names no credit_pack")
+        case "charge.refunded":
+            return _refund(o)
         case "checkout.session.completed":
             return _link(
                 o,
@@ -154,6 +164,48 @@ def translate(env: Envelope) -> Change:
             )
         case _:  # pragma: no cover - every allowed type has a case
             return NoChange(reason="event type not handled")
+
+
+def _purchase(session: dict[str, Any]) -> Change:
+    """A paid checkout session in payment mode that names a credit pack (metadata.credit_pack, and
+    metadata.quantity packs, default 1): one purchase, keyed by the session's id."""
+    session_id = text(session, "id")
+    if not session_id:
+        raise UntranslatableEvent("the checkout session has no id")
+    if text(session, "mode") != "payment":
+        return NoChange(
+            reason=f"a {text(session, 'mode')} checkout session; credit packs are bought in payment mode"
+        )
+    if text(session, "payment_status") != "paid":
+        return NoChange(
+            reason=f"payment_status {text(session, 'payment_status')!r}: granted when "
+            "checkout.session.async_payment_succeeded says it is paid"
+        )
+    raw = text(session, "metadata", "quantity") or "1"
+    if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= MAX_PACKS:
+        raise UntranslatableEvent(f"metadata.quantity {raw!r} is not a whole number from 1 to {MAX_PACKS}")
+    accounts = (text(session, "client_reference_id"), text(session, "metadata", "account_id"))
+    return CreditPurchase(
+        reference=session_id,
+        account_ids=tuple(dict.fromkeys(a for a in accounts if a)),
+        customer_id=_id(session.get("customer")),
+        pack=text(session, "metadata", "credit_pack"),
+        quantity=int(raw),
+        payment_ref=_id(session.get("payment_intent")),
+    )
+
+
+def _refund(charge: dict[str, Any]) -> Change:
+    """A refunded charge: the credits its payment bought lose the refunded share."""
+    payment = _id(charge.get("payment_intent"))
+    amount, refunded = integer(charge, "amount"), integer(charge, "amount_refunded")
+    if not payment:
+        return NoChange(reason="the charge names no payment intent: no checkout session paid by it")
+    if amount is None or refunded is None or amount <= 0 or not 0 <= refunded <= amount:
+        raise UntranslatableEvent(
+            f"the charge's amount {amount!r} and amount_refunded {refunded!r} do not add up"
+        )
+    return CreditRefund(payment_ref=payment, amount=amount, amount_refunded=refunded)
 
 
 def _subscription(sub: dict[str, Any], type_: str) -> SubscriptionChange:

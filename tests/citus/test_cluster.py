@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(
     not on_cluster(), reason="runs on the Citus cluster only (QUOTA_TEST_CITUS=1 pytest -m citus; .ci/run)"
 )
 
-ACCOUNT_TABLES = ("accounts", "quotas", "ledger", "audit_log")
+ACCOUNT_TABLES = ("accounts", "quotas", "ledger", "audit_log", "grants")
 REFERENCE_TABLES = ("api_keys", "job_runs", "webhook_events", "subscriptions", "customer_links")
 # Distributed by their own key, in a co-location group of their own.
 OWN_KEY_TABLES = ("stripe_customers",)

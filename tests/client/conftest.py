@@ -28,7 +28,8 @@ from werkzeug.serving import make_server
 from service.config import Settings
 from service.keys import create_key
 from service.plans import load_plans
-from service.quota import features, periods
+from service.quota import features, grants, periods
+from service.vocabulary import GrantSource
 from tests.client.proxy import FlakyProxy
 from tests.conftest import PLANS_FILE, running_app, with_database
 from tests.db.helpers import set_override, soft_delete
@@ -47,6 +48,10 @@ class Backend(Protocol):
         """An admin's override of the feature; None clears it."""
 
     def delete(self, account_id: str) -> None: ...
+    def grant(self, account_id: str, metric: str, units: int, expires_at: datetime | None = None) -> int:
+        """An admin's grant of credits; returns its id."""
+
+    def void_grant(self, grant_id: int) -> None: ...
     def set_now(self, at: datetime) -> None:
         """Stop the backend's clock at `at` (for the rest of the test)."""
 
@@ -92,6 +97,16 @@ class ServiceBackend:
 
     def delete(self, account_id: str) -> None:
         soft_delete(self.conn, account_id)
+
+    def grant(self, account_id: str, metric: str, units: int, expires_at: datetime | None = None) -> int:
+        ref = uuid.uuid4().hex
+        return grants.create_grant(
+            self.conn, PLANS, account_id=account_id, metric=metric, units=units, expires_at=expires_at,
+            source=GrantSource.ADMIN, source_ref=ref, actor="test",
+        ).grant_id  # fmt: skip
+
+    def void_grant(self, grant_id: int) -> None:
+        grants.void_grant(self.conn, grant_id=grant_id, actor="test")
 
     def set_now(self, at: datetime) -> None:
         self.monkeypatch.setattr(periods, "now", lambda: at)  # undone after the test
@@ -173,6 +188,12 @@ class MemoryBackend:
 
     def delete(self, account_id: str) -> None:
         self.service.delete_account(account_id)
+
+    def grant(self, account_id: str, metric: str, units: int, expires_at: datetime | None = None) -> int:
+        return self.service.grant(account_id, metric, units, expires_at=expires_at)
+
+    def void_grant(self, grant_id: int) -> None:
+        self.service.void_grant(grant_id)
 
     def set_now(self, at: datetime) -> None:
         self.service.now = at

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from quota_client import (
@@ -379,3 +379,24 @@ def test_a_slot_whose_take_was_refused_by_an_answer_sends_nothing_more(backend, 
         with pytest.raises(UnknownAccountError), quota.slot("nobody", "urls"):
             pass
         assert backend.requests - before == 1
+
+
+def test_credits_are_drawn_after_the_allowance_and_given_back_first(quota, backend, acc):
+    """Credits (README "Credits"): the take draws the allowance, then the soonest-expiring grant;
+    the view counts them; a release gives grants back first; a void is forward-only."""
+    quota.ensure_account(acc)
+    backend.set_limit(acc, "urls", 2)
+    never = backend.grant(acc, "urls", 5)
+    soon = backend.grant(acc, "urls", 1, expires_at=datetime.now(UTC) + timedelta(days=3))
+    assert quota.limits(acc)["urls"].credits == 6
+    assert quota.limits(acc)["urls"].remaining == 8
+    take = quota.take(acc, "urls", units=4)
+    assert (take.granted, take.units, take.from_credits, take.used, take.remaining) == (True, 4, 2, 2, 0)
+    listed = {g.grant_id: (g.remaining, g.status) for g in quota.grants(acc, "urls")}
+    assert listed == {never: (4, "live"), soon: (0, "used")}
+    backend.void_grant(soon)
+    released = quota.release(take)
+    assert (released.released, released.units) == (True, 3)  # the voided grant's unit is forfeited
+    assert quota.limits(acc)["urls"].credits == 5
+    assert not quota.take(acc, "urls", units=8).granted
+    assert quota.take(acc, "urls", units=7).from_credits == 5

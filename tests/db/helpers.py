@@ -75,7 +75,7 @@ def ledger_used(conn: Conn, account_id: str, metric: str, period: str) -> int:
     total = 0
     for r in rows:
         if r["seq"] > after:
-            total += {"take": r["units"], "release": -r["units"], "reset": 0}[r["kind"]]
+            total += {"take": r["units"], "release": -r["units"]}.get(r["kind"], 0)  # grant rows: 0
     return total
 
 

@@ -68,7 +68,9 @@ def test_reconcile_command(conn: Any, db_url: str, plans: Any) -> None:
     accounts = _workload(conn, plans)
     clean = cli(db_url, "reconcile", "--period", PERIOD)
     assert clean.returncode == 0, clean.stderr
-    assert clean.stdout.strip() == f"reconcile {PERIOD}: {len(accounts) * 3} counters checked: OK"
+    assert (
+        clean.stdout.strip() == f"reconcile {PERIOD}: {len(accounts) * 3} counters and 0 grants checked: OK"
+    )
 
     conn.execute(
         "UPDATE quotas SET used = used + 1 WHERE account_id = %s AND metric = 'urls'", (accounts[2],)

@@ -23,6 +23,7 @@ WORD_LISTS: dict[str, type[StrEnum] | frozenset[str]] = {
     "ledger.kind": v.LedgerKind,  # on Citus; one PostgreSQL has the domain (migrations/0021)
     "ledger_kind": v.LedgerKind,
     "webhook_events_purged.reason": v.PurgeReason,
+    "grants.source": v.GrantSource,
 }
 # Word lists of the database's own, which no code outside SQL names.
 SQL_ONLY = {"job_runs.status"}  # the monthly reset's run bookkeeping (running, done)

@@ -42,6 +42,7 @@ def test_get_shows_effective_limits_and_usage_without_override_values(client, ke
         "limit": 50,
         "limit_source": "plan",
         "used": 3,
+        "credits": 0,
         "remaining": 47,
         "over_limit": False,
         "period": PERIOD,

@@ -59,6 +59,7 @@ def test_ledger_pages_follow_the_cursor_to_the_end(client, keys):
         "prev_hash",
         "hash",
         "seq",
+        "grant_id",
     }
     assert row["actor"] == "test-product" and row["kind"] == "take" and row["units"] == 1
 
@@ -97,7 +98,8 @@ def test_csv_export_streams_the_period(client, keys):
     assert rows[1]["take_id"] == str(t["take_id"])
     empty = client.get("/v1/ledger.csv", query_string={"period": "2001-01"}, headers=keys["finance"])
     assert empty.get_data(as_text=True).strip().split("\n") == [
-        "id,at,account_id,metric,period,kind,units,used_after,limit,take_id,idempotency_key,actor,prev_hash,hash,seq"
+        "id,at,account_id,metric,period,kind,units,used_after,limit,take_id,idempotency_key,actor,prev_hash,hash,seq,"
+        "grant_id"
     ]
     assert client.get("/v1/ledger.csv", headers=keys["finance"]).status_code == 422
 

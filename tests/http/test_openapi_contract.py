@@ -114,19 +114,20 @@ BODIES = {
     "OverridePut": {"limit": 5},
     "ResetRequest": {"metric": "urls"},
     "FeaturePut": {"enabled": True},
+    "GrantRequest": {"metric": "urls", "units": 1, "idempotency_key": "g"},
 }
 QUERIES = {"metric": "urls", "period": "2020-01", "from": "2020-01-01", "to": "2020-01-31"}
 # A valid query of an operation whose parameters are all optional but one of them is needed.
 ONE_OF_QUERIES = {"/v1/accounts/{id}/check": {"metric": "urls"}}
-PATH = {"id": "acc-1", "metric": "urls", "feature": "sso", "take_id": "1", "inbox_id": "1"}
+PATH = {"id": "acc-1", "metric": "urls", "feature": "sso", "take_id": "1", "inbox_id": "1", "grant_id": "1"}
 # (what changes, how): each state replaces path arguments, the body or the query of a valid request.
 STATES: list[tuple[str, dict[str, Any]]] = [
     ("valid", {}),
     ("unknown account", {"path": {"id": "ghost"}}),
     ("deleted account", {"path": {"id": "gone"}}),
     ("invalid account id", {"path": {"id": "bad id!"}}),
-    ("id that no rule accepts", {"path": {"id": "a%2Fb", "take_id": "x", "inbox_id": "x"}}),
-    ("unknown take or event", {"path": {"take_id": "999999", "inbox_id": "999999"}}),
+    ("id that no rule accepts", {"path": {"id": "a%2Fb", "take_id": "x", "inbox_id": "x", "grant_id": "x"}}),
+    ("unknown take or event", {"path": {"take_id": "999999", "inbox_id": "999999", "grant_id": "999999"}}),
     ("unknown metric in the path", {"path": {"metric": "nope"}}),
     ("unknown metric in the body or query", {"body": {"metric": "nope"}, "query": {"metric": "nope"}}),
     ("unknown feature in the path", {"path": {"feature": "nope"}}),

@@ -20,6 +20,7 @@ def test_the_account_view_says_each_metrics_kind_and_period(client, keys, accoun
         "limit": 1,
         "limit_source": "plan",
         "used": 1,
+        "credits": 0,  # an allocation takes no grants
         "remaining": 0,
         "over_limit": False,
         "period": None,

@@ -24,11 +24,11 @@ def test_lines_are_201_with_one_take_per_line_in_order(client, keys, account, co
     takes = r.json["takes"]
     assert [{k: v for k, v in t.items() if k != "take_id"} for t in takes] == [
         {"metric": "urls", "units": 3, "used": 3, "limit": 50, "remaining": 47,
-         "period": periods.current_period(), "limit_source": "plan"},
+         "period": periods.current_period(), "limit_source": "plan", "from_credits": 0},
         {"metric": "exports", "units": 2, "used": 2, "limit": 3, "remaining": 1,
-         "period": periods.day_of(periods.now()), "limit_source": "plan"},
+         "period": periods.day_of(periods.now()), "limit_source": "plan", "from_credits": 0},
         {"metric": "seats", "units": 1, "used": 1, "limit": 1, "remaining": 0, "period": None,
-         "limit_source": "plan"},
+         "limit_source": "plan", "from_credits": 0},
     ]  # fmt: skip
     assert sorted(t["take_id"] for t in takes) == sorted(r["id"] for r in ledger_rows(conn, account))
     # each released on its own, by the route that names its account or not

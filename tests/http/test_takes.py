@@ -22,6 +22,7 @@ def test_take_is_201_with_the_contracts_fields(client, keys, account, conn):
         "remaining": 48,
         "period": PERIOD,
         "limit_source": "plan",
+        "from_credits": 0,
     }
     row = ledger_rows(conn, account)[0]
     assert (row["id"], row["actor"], row["kind"]) == (body["take_id"], "test-product", "take")

@@ -67,5 +67,6 @@ def test_csv_chunks_streams_rows_with_safe_cells():
         "",
         "0" * 64,
         "1",
+        "",  # grant_id: none, not a grant's row
     ]
     assert len(rows) == 6

@@ -128,3 +128,63 @@ def test_missing_or_broken_file(tmp_path):
     binary.write_bytes(b"\xff\xfe")
     with pytest.raises(PlanConfigError):
         load_plans(binary)
+
+
+CREDIT_BASE = """
+free_plan = "free"
+[metrics]
+seats = { kind = "allocation" }
+[plans.free]
+limits = { urls = 5, seats = 1 }
+[plans.pro]
+limits = { urls = 50, seats = 5 }
+stripe_prices = ["pro_m"]
+revenuecat_products = ["pro.m"]
+"""
+
+
+def test_credit_packs_load_and_find_their_product():
+    cfg = _parse(
+        CREDIT_BASE
+        + """
+        [credit_packs.small]
+        metric = "urls"
+        units = 100
+        expires_after_days = 30
+        stripe_prices = ["urls_100"]
+        revenuecat_products = ["urls.100"]
+        [credit_packs.forever]
+        metric = "urls"
+        units = 10
+        """
+    )
+    assert cfg.packs["small"].units == 100 and cfg.packs["forever"].expires_after_days is None
+    assert cfg.pack_for_revenuecat_product("urls.100") is cfg.packs["small"]
+    assert cfg.pack_for_revenuecat_product("pro.m") is None
+
+
+@pytest.mark.parametrize(
+    ("pack", "named"),
+    [
+        ('metric = "urls"\nunits = 1\nstripe_prices = ["pro_m"]', "'pro_m' is listed by both plans.pro"),
+        (
+            'metric = "urls"\nunits = 1\nrevenuecat_products = ["pro.m"]',
+            "'pro.m' is listed by both plans.pro",
+        ),
+        ('metric = "seats"\nunits = 1', "credit_packs.x.metric: 'seats' is an allocation"),
+        ('metric = "nope"\nunits = 1', "credit_packs.x.metric"),
+        ('metric = "urls"\nunits = 0', "credit_packs.x.units"),
+        ('metric = "urls"\nunits = 1\nexpires_after_days = "1"', "credit_packs.x.expires_after_days"),
+        ('metric = "urls"\nunits = 1\nprice = 3', "credit_packs.x: unknown keys ['price']"),
+    ],
+)
+def test_a_credit_pack_that_would_mean_two_things_is_refused_naming_it(pack, named):
+    with pytest.raises(PlanConfigError, match=named.replace("[", r"\[").replace("]", r"\]")):
+        _parse(CREDIT_BASE + "[credit_packs.x]\n" + pack + "\n")
+
+
+def test_one_product_in_two_packs_is_refused():
+    two = '[credit_packs.a]\nmetric = "urls"\nunits = 1\nstripe_prices = ["p"]\n'
+    two += '[credit_packs.b]\nmetric = "urls"\nunits = 2\nstripe_prices = ["p"]\n'
+    with pytest.raises(PlanConfigError, match=r"credit_packs\.a and credit_packs\.b"):
+        _parse(CREDIT_BASE + two)

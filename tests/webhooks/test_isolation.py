@@ -68,7 +68,7 @@ def test_burst_of_every_event_type_touches_no_usage_ledger_or_override(
     paid.update(id="evt_paid", type="invoice.paid")
     post_stripe(client, paid)
     post_stripe(
-        client, {"id": "evt_other", "object": "event", "type": "charge.refunded", "created": t, "data": {}}
+        client, {"id": "evt_other", "object": "event", "type": "charge.succeeded", "created": t, "data": {}}
     )
 
     rc_types = [

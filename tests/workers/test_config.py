@@ -82,6 +82,7 @@ def test_beat_schedule() -> None:
         "billing.purge_inbox",
         "billing.expire_access",
         "ledger.checkpoint",
+        "quota.expire_grants",
     }
     monthly = BEAT_SCHEDULE["monthly-reset"]["schedule"]
     assert monthly == crontab(minute=5, hour=0, day_of_month=1)

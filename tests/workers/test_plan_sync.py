@@ -224,6 +224,11 @@ def test_sync_plans_command(conn: psycopg.Connection[Any], app_db_url: str, tmp_
     assert refused.returncode == 2
     assert "refused, nothing changed" in refused.stderr and "plans.pro.limits.urls" in refused.stderr
     assert snapshot(conn) == start
+    # a Stripe price that is both a plan's and a credit pack's: refused, naming it (README "Credits")
+    both = PLANS_V2 + '[credit_packs.p]\nmetric = "urls"\nunits = 5\nstripe_prices = ["pro_monthly"]\n'
+    refused = cli(_write(tmp_path / "both.toml", both))
+    assert refused.returncode == 2 and "'pro_monthly'" in refused.stderr, refused.stderr
+    assert snapshot(conn) == start
 
     did = cli(v2)
     assert did.returncode == 0, did.stderr

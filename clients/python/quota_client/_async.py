@@ -28,6 +28,7 @@ from quota_client.models import (
     Account,
     BatchItem,
     FeatureCheck,
+    Grant,
     MetricCheck,
     MetricLimit,
     ReleaseResult,
@@ -89,6 +90,9 @@ class AsyncQuotaClient:
 
     async def limits(self, account_id: str) -> dict[str, MetricLimit]:
         return await self._run(self._ops.limits(account_id))
+
+    async def grants(self, account_id: str, metric: str | None = None) -> list[Grant]:
+        return await self._run(self._ops.grants(account_id, metric))
 
     async def usage(self, account_id: str, metric: str, period: str | None = None) -> Usage:
         return await self._run(self._ops.usage(account_id, metric, period))

@@ -31,6 +31,7 @@ from quota_client.models import (
     Account,
     BatchItem,
     FeatureCheck,
+    Grant,
     MetricCheck,
     MetricLimit,
     ReleaseResult,
@@ -197,6 +198,12 @@ class Operations:
     def limits(self, account_id: str) -> Exchange[dict[str, MetricLimit]]:
         account = yield from self.account(account_id)
         return account.limits
+
+    def grants(self, account_id: str, metric: str | None = None) -> Exchange[list[Grant]]:
+        params = {} if metric is None else {"metric": metric}
+        call = Call("GET", f"/v1/accounts/{segment(account_id)}/grants", params=params)
+        got = yield from send(call, self.policy)
+        return [models.grant(g) for g in ok(got)["grants"]]
 
     def usage(self, account_id: str, metric: str, period: str | None = None) -> Exchange[Usage]:
         params = {"metric": metric} if period is None else {"metric": metric, "period": period}

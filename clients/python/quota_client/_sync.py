@@ -30,6 +30,7 @@ from quota_client.models import (
     Account,
     BatchItem,
     FeatureCheck,
+    Grant,
     MetricCheck,
     MetricLimit,
     ReleaseResult,
@@ -99,6 +100,11 @@ class QuotaClient:
         """Per metric: its kind and reset, effective limit (None = unlimited), its source, used,
         remaining, over_limit, period."""
         return self._run(self._ops.limits(account_id))
+
+    def grants(self, account_id: str, metric: str | None = None) -> list[Grant]:
+        """The account's grants (credits) of `metric` (or every metric), live and ended, newest first.
+        UnknownAccountError."""
+        return self._run(self._ops.grants(account_id, metric))
 
     def usage(self, account_id: str, metric: str, period: str | None = None) -> Usage:
         """Units of `metric` used in `period`, of the metric's kind: a month (YYYY-MM) or, for a metric

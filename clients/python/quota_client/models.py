@@ -30,6 +30,25 @@ class TakeResult:
     idempotency_key: str
     reason: Literal["exhausted"] | None = None
     replayed: bool = False
+    from_credits: int = 0  # of `units`, those drawn from grants (credits) after the plan's allowance
+
+
+@dataclass(frozen=True, kw_only=True)
+class Grant:
+    """A grant of credits: `units` of `metric` on top of the plan, drawn after the allowance (soonest
+    `expires_at` first, None last). `remaining` is what is left now (0 once it ended); `status` is
+    "live", "used", "expired" or "voided"; `source` "admin", "stripe" or "revenuecat"."""
+
+    grant_id: int
+    metric: str
+    units: int
+    remaining: int
+    expires_at: str | None
+    source: str
+    status: str
+    created_at: str
+    note: str | None = None
+    voided_at: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,6 +128,7 @@ class MetricLimit:
     kind: str = "consumable"
     reset: str | None = "month"
     over_limit: bool = False
+    credits: int = 0  # what the live grants have left; `remaining` counts them
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -186,6 +206,22 @@ def take_result(
         period=body.get("period"),
         idempotency_key=idempotency_key,
         replayed=replayed,
+        from_credits=int(body.get("from_credits", 0)),
+    )
+
+
+def grant(body: dict[str, Any]) -> Grant:
+    return Grant(
+        grant_id=int(body["grant_id"]),
+        metric=body["metric"],
+        units=int(body["units"]),
+        remaining=int(body["remaining"]),
+        expires_at=body.get("expires_at"),
+        source=body["source"],
+        status=body["status"],
+        created_at=body["created_at"],
+        note=body.get("note"),
+        voided_at=body.get("voided_at"),
     )
 
 
@@ -315,6 +351,7 @@ def metric_limit(body: dict[str, Any]) -> MetricLimit:
         kind=body.get("kind", "consumable"),
         reset=body.get("reset", "month"),
         over_limit=bool(body.get("over_limit", limit is not None and used > limit)),
+        credits=int(body.get("credits", 0)),
     )
 
 

@@ -92,6 +92,25 @@ class _Take:
     period: str  # the counter's: a month, a day, or HELD
     answer: dict[str, Any] = field(default_factory=dict)  # as first answered; a replay repeats it
     released: bool = False
+    allowance: int = 0  # of `units`, the plan allowance's share; the rest came from `draws`
+    draws: list[tuple[_Grant, int]] = field(default_factory=list)
+
+
+@dataclass
+class _Grant:
+    """A grant of credits, as the service keeps it (README "Credits")."""
+
+    grant_id: int
+    account_id: str
+    metric: str
+    units: int
+    remaining: int
+    expires_at: datetime | None
+    created_at: datetime
+    voided: bool = False
+
+    def live(self, now: datetime) -> bool:
+        return not self.voided and (self.expires_at is None or self.expires_at > now)
 
 
 @dataclass(frozen=True)
@@ -184,6 +203,7 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
         # Each key's takes: one single take's, or a multi-line take's, in metric order (as the ledger
         # keys them: the first line holds the key).
         self._keys: dict[tuple[str, str], tuple[int, ...]] = {}
+        self._grants: dict[int, _Grant] = {}
         self._failures: list[int] = []
         self.requests = 0  # every request that arrived, failed ones included
 
@@ -240,6 +260,31 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
         with self._lock:
             self._admin(account_id).feature_overrides.pop(feature, None)
 
+    def grant(self, account_id: str, metric: str, units: int, *, expires_at: datetime | None = None) -> int:
+        """Credits, as the admin API grants them: `units` of a consumable `metric`, drawn after the
+        allowance (soonest `expires_at` first, none last, then oldest). Returns the grant's id."""
+        if self.kinds.get(metric, _Metric()).kind != CONSUMABLE or metric not in self.limits:
+            raise ValueError(f"{metric!r}: grants are for the consumable metrics of the plan")
+        with self._lock:
+            self._admin(account_id)
+            grant_id = len(self._grants) + 1
+            self._grants[grant_id] = _Grant(
+                grant_id,
+                account_id,
+                metric,
+                units,
+                units,
+                expires_at,
+                self.now + timedelta(microseconds=grant_id),
+            )
+            return grant_id
+
+    def void_grant(self, grant_id: int) -> None:
+        """Void forward-only: what is left is forfeited; what takes drew stays drawn."""
+        with self._lock:
+            grant = self._grants[grant_id]
+            grant.voided, grant.remaining = True, 0
+
     def delete_account(self, account_id: str) -> None:
         """Soft delete: takes are refused with 410 from now on."""
         with self._lock:
@@ -290,6 +335,8 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
                 return self._release(int(take_id))
             case "POST", ["v1", "accounts", account_id, "takes", take_id, "release"] if take_id.isdigit():
                 return self._release(int(take_id), account_id=_account_id(account_id))
+            case "GET", ["v1", "accounts", account_id, "grants"]:
+                return self._list_grants(_account_id(account_id), params)
             case "GET", ["v1", "accounts", account_id, "usage"]:
                 return self._usage(account_id, params)
             case "GET", ["v1", "accounts", account_id, "check"]:
@@ -336,7 +383,9 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
         period = self._current(metric)
         limit, source = self._limit(account, metric)
         used = self._used.get((account_id, metric, period), 0)
-        if limit is not None and used + units > limit:
+        draws = self._draws(account_id, metric, used, limit, units)
+        if draws is None:
+            assert limit is not None  # an unlimited counter fits every take
             raise _Refused(
                 409,
                 "quota_exhausted",
@@ -347,10 +396,7 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
                 period=_shown(period),
                 limit_source=source,
             )
-        self._used[account_id, metric, period] = used + units
-        take = _Take(len(self._takes) + 1, account_id, metric, units, period)
-        take.answer = {"take_id": take.take_id, **self._counter_json(account_id, metric), "units": units}
-        self._takes[take.take_id] = take
+        take = self._record(account_id, metric, units, period, draws)
         if key is not None:
             self._keys[account_id, key] = (take.take_id,)
         return 201, take.answer
@@ -374,7 +420,7 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
         for metric, units in asked:
             limit, _ = self._limit(account, metric)
             used = self._used.get((account_id, metric, self._current(metric)), 0)
-            if limit is not None and used + units > limit:
+            if limit is not None and self._draws(account_id, metric, used, limit, units) is None:
                 short.append(
                     {"metric": metric, "units": units, "remaining": max(limit - used, 0), "limit": limit}
                 )
@@ -386,10 +432,12 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
         taken = {}
         for metric, units in asked:
             period = self._current(metric)
-            self._used[account_id, metric, period] = self._used.get((account_id, metric, period), 0) + units
-            take = _Take(len(self._takes) + 1, account_id, metric, units, period)
-            take.answer = {"take_id": take.take_id, **self._counter_json(account_id, metric), "units": units}
-            self._takes[take.take_id] = taken[metric] = take
+            limit, _ = self._limit(account, metric)
+            draws = self._draws(
+                account_id, metric, self._used.get((account_id, metric, period), 0), limit, units
+            )
+            assert draws is not None  # every line fits: checked above, under the lock
+            taken[metric] = self._record(account_id, metric, units, period, draws)
         if key is not None:
             self._keys[account_id, key] = tuple(taken[m].take_id for m in sorted(taken))
         return 201, {"takes": [taken[m].answer for m, _ in asked]}
@@ -435,8 +483,12 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
             return 200, {"released": False, "reason": PERIOD_CLOSED, "take_id": take_id}
         take.released = True
         counter = (take.account_id, take.metric, take.period)
-        given = min(take.units, self._used.get(counter, 0))
+        given = min(take.allowance, self._used.get(counter, 0))
         self._used[counter] = self._used.get(counter, 0) - given
+        for grant, drawn in reversed(take.draws):  # grants first, newest draw first; an ended one forfeits
+            if grant.live(self.now):
+                grant.remaining += drawn
+                given += drawn
         counter_now = self._counter_json(take.account_id, take.metric)
         return 200, {"released": True, "take_id": take_id, **counter_now, "units": given}
 
@@ -496,7 +548,7 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
         limit, used = counter["limit"], counter["used"]
         return 200, {
             **counter,
-            "allowed": limit is None or used + units <= limit,
+            "allowed": self._draws(account_id, metric, used, limit, units) is not None,
             "units": units,
             "resets_at": _resets_at(self._current(metric)),
         }
@@ -554,6 +606,90 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
             "limit_source": source,
         }
 
+    def _credits(self, account_id: str, metric: str) -> int:
+        return sum(g.remaining for g in self._live_grants(account_id, metric))
+
+    def _live_grants(self, account_id: str, metric: str) -> list[_Grant]:
+        """The account's live grants of `metric`, in the order a take draws on them."""
+        live = [
+            g
+            for g in self._grants.values()
+            if g.account_id == account_id and g.metric == metric and g.remaining > 0 and g.live(self.now)
+        ]
+        return sorted(live, key=lambda g: (g.expires_at is None, g.expires_at or g.created_at, g.created_at))
+
+    def _draws(
+        self, account_id: str, metric: str, used: int, limit: int | None, units: int
+    ) -> list[tuple[_Grant, int]] | None:
+        """What a take of `units` draws from grants after the allowance ([] : the allowance covers
+        it); None: it does not fit even with them."""
+        need = 0 if limit is None else units - max(min(units, limit - used), 0)
+        draws = []
+        for grant in self._live_grants(account_id, metric):
+            if need == 0:
+                break
+            drawn = min(need, grant.remaining)
+            draws.append((grant, drawn))
+            need -= drawn
+        return None if need else draws
+
+    def _record(
+        self, account_id: str, metric: str, units: int, period: str, draws: list[tuple[_Grant, int]]
+    ) -> _Take:
+        from_credits = sum(d for _, d in draws)
+        counter = (account_id, metric, period)
+        self._used[counter] = self._used.get(counter, 0) + units - from_credits
+        for grant, drawn in draws:
+            grant.remaining -= drawn
+        take = _Take(len(self._takes) + 1, account_id, metric, units, period, allowance=units - from_credits)
+        take.draws = draws
+        take.answer = {
+            "take_id": take.take_id,
+            **self._counter_json(account_id, metric),
+            "units": units,
+            "from_credits": from_credits,
+        }
+        self._takes[take.take_id] = take
+        return take
+
+    def _list_grants(self, account_id: str, params: dict[str, str]) -> Reply:
+        fields = {n: ["Unknown field."] for n in params if n != "metric"}
+        if fields:
+            raise _invalid(fields)
+        self._account(account_id)
+        metric = params.get("metric")
+        if metric is not None:
+            self._known_metric(metric)
+        grants = [
+            g for g in self._grants.values() if g.account_id == account_id and metric in (None, g.metric)
+        ]
+        listed = []
+        for g in sorted(grants, key=lambda g: g.created_at, reverse=True):
+            status = (
+                "voided"
+                if g.voided
+                else "expired"
+                if not g.live(self.now)
+                else "live"
+                if g.remaining
+                else "used"
+            )
+            listed.append(
+                {
+                    "grant_id": g.grant_id,
+                    "metric": g.metric,
+                    "units": g.units,
+                    "remaining": g.remaining if status == "live" else 0,
+                    "expires_at": None if g.expires_at is None else g.expires_at.isoformat(),
+                    "source": "admin",
+                    "status": status,
+                    "note": None,
+                    "created_at": g.created_at.isoformat(),
+                    "voided_at": None,
+                }
+            )
+        return 200, {"grants": listed}
+
     def _view(self, account_id: str) -> dict[str, Any]:
         account = self._account(account_id)
         limits = {}
@@ -561,8 +697,11 @@ class InMemoryService(httpx.BaseTransport, httpx.AsyncBaseTransport):
             counter = self._counter_json(account_id, metric)
             del counter["metric"]
             kind = self.kinds.get(metric, _Metric())
+            credits = self._credits(account_id, metric)
             limits[metric] = {
                 **counter,
+                "credits": credits,
+                "remaining": None if counter["limit"] is None else counter["remaining"] + credits,
                 "kind": kind.kind,
                 "reset": kind.reset,
                 "over_limit": counter["limit"] is not None and counter["used"] > counter["limit"],
@@ -677,14 +816,21 @@ class _AdminActions:
     def delete_account(self, account_id: str) -> None:
         self.service.delete_account(account_id)
 
+    def grant(self, account_id: str, metric: str, units: int, *, expires_at: datetime | None = None) -> int:
+        return self.service.grant(account_id, metric, units, expires_at=expires_at)
+
+    def void_grant(self, grant_id: int) -> None:
+        self.service.void_grant(grant_id)
+
 
 class InMemoryQuota(_AdminActions, QuotaClient):
     """A QuotaClient over an `InMemoryService` (made from `limits`, or the `service` given, which
     lets a sync and an async fake share one state). Retries as the real client does, without the
     waits (`backoff` 0). `limits`, `metrics` and `features` are `InMemoryService`'s. Adds the
     service's admin actions: `set_limit`, `clear_limit`, `set_feature`, `clear_feature`,
-    `delete_account`; `service.fail_next()` makes the next calls fail with 503, and `service.now`
-    (or `service.period`) moves the clock."""
+    `delete_account`, `grant` and `void_grant` (credits, drawn after the allowance);
+    `service.fail_next()` makes the next calls fail with 503, and `service.now` (or `service.period`)
+    moves the clock."""
 
     def __init__(
         self,

@@ -29,6 +29,8 @@ export interface TakeGranted {
   remaining: number | null;
   limitSource: LimitSource | null;
   period: string | null;
+  /** Of `units`, those drawn from the account's grants (0: the plan allowance covered the take). */
+  fromCredits: number;
   idempotencyKey: string;
   replayed: boolean;
 }
@@ -153,6 +155,8 @@ export interface MetricLimit {
   kind: MetricKind;
   reset: Reset | null;
   overLimit: boolean;
+  /** What the account's live grants of this metric have left, drawn after the allowance. */
+  credits: number;
 }
 
 export interface FeatureState {
@@ -228,6 +232,7 @@ export function takeGranted(
     remaining: orNull(body.remaining),
     limitSource: orNull(body.limit_source),
     period: orNull(body.period),
+    fromCredits: body.from_credits ?? 0,
     idempotencyKey: ctx.idempotencyKey,
     replayed: ctx.replayed,
   };
@@ -288,6 +293,7 @@ function metricLimit(body: Wire<"MetricLimit">, status: number): MetricLimit {
     kind: body.kind ?? "consumable",
     reset: body.reset === undefined ? "month" : body.reset,
     overLimit: body.over_limit ?? (limit !== null && used > limit),
+    credits: body.credits ?? 0, // a service from before credits had none
   };
 }
 

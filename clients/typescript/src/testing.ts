@@ -363,7 +363,8 @@ export class InMemoryService {
     const counter = counterOf(id, metric, period);
     this.#used.set(counter, (this.#used.get(counter) ?? 0) + units);
     const take: Take = { takeId: this.#takes.size + 1, accountId: id, metric, units, period, answer: {}, released: false };
-    take.answer = { take_id: take.takeId, ...this.#counterJson(id, metric), units };
+    // no grants in this fake: every take is the allowance's
+    take.answer = { take_id: take.takeId, ...this.#counterJson(id, metric), units, from_credits: 0 };
     this.#takes.set(take.takeId, take);
     return take;
   }
@@ -575,6 +576,7 @@ export class InMemoryService {
         reset: rule.reset,
         over_limit: limit !== null && (counter["used"] as number) > limit,
         resets_at: resetsAt(this.#current(metric)),
+        credits: 0,
       };
     }
     const features: Record<string, Json> = {};

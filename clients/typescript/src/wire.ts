@@ -97,6 +97,7 @@ const MetricLimit = object("MetricLimit", {
   reset: { type: "string", nullable: true, enum: RESETS },
   resets_at: nullableString,
   over_limit: boolean,
+  credits: integer,
 });
 
 const FeatureState = object("FeatureState", { enabled: boolean, source: limitSource });
@@ -111,7 +112,13 @@ const Account = object("Account", {
   features: { type: "map", values: FeatureState },
 });
 
-const TakeResponse = object("TakeResponse", { ...counter, take_id: integer, metric: string, units: integer });
+const TakeResponse = object("TakeResponse", {
+  ...counter,
+  take_id: integer,
+  metric: string,
+  units: integer,
+  from_credits: integer,
+});
 
 const LineShortfall = object("LineShortfall", {
   metric: string,
@@ -127,6 +134,8 @@ const BatchResult = object("BatchResult", {
   take_id: integer,
   metric: string,
   units: integer,
+  from_credits: integer,
+  grant_id: integer,
   lines: { type: "array", items: LineShortfall },
   status: integer,
 });
@@ -162,6 +171,7 @@ export const schemas = {
     ...counter,
     ...errorFields,
     take_id: integer,
+    grant_id: integer,
     lines: { type: "array", items: LineShortfall },
   }),
   BatchResult,

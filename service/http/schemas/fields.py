@@ -102,6 +102,11 @@ class Metric(Text):
         super().__init__(validate=validate.Length(min=1, max=64), **kwargs)
 
 
+class ConsumableMetric(Metric):
+    """A consumable metric's name (a grant's): the document lists the config's consumables; an
+    allocation is the domain's NotGrantable (422 not_grantable)."""
+
+
 class Feature(Text):
     """A boolean feature's name: as Metric, the plan config's (UnknownFeature, 422 unknown_feature),
     listed in the document as an enum."""

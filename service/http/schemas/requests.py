@@ -15,6 +15,7 @@ from service.http.schemas.fields import (
     LEDGER_PERIOD,
     MAX_UNITS,
     USAGE_PERIOD,
+    ConsumableMetric,
     Feature,
     IdempotencyKey,
     Metric,
@@ -121,6 +122,28 @@ class ResetRequest(Schema):
     metric = Metric(required=True)
 
 
+class GrantRequest(Schema):
+    """An admin's grant: `units` of a consumable `metric`, on top of the plan (README "Credits")."""
+
+    metric = ConsumableMetric(required=True)
+    units = StrictInt(required=True, validate=validate.Range(min=1, max=MAX_UNITS))
+    expires_at = fields.AwareDateTime(
+        allow_none=True,
+        metadata={
+            "description": "ISO 8601 with an offset; null or absent: never expires (a time past: the "
+            "grant is created ended, as it would have expired)"
+        },
+    )
+    note = Text(allow_none=True, validate=validate.Length(max=500))
+    idempotency_key = IdempotencyKey(
+        required=True, metadata={"description": "the same key again answers 200 with the first grant"}
+    )
+
+
+class GrantsQuery(Schema):
+    metric = Metric()
+
+
 class UsageQuery(Schema):
     metric = Metric(required=True)
     period = fields.String(
@@ -223,6 +246,8 @@ class RevenueCatDelivery(Schema):
 # and load() keeps no state on the instance.
 ACCOUNT_PUT = AccountPut()
 TAKE_REQUEST = TakeRequest()
+GRANT_REQUEST = GrantRequest()
+GRANTS_QUERY = GrantsQuery()
 TAKE_LINES_REQUEST = TakeLinesRequest()
 TAKE_ITEM = TakeItem()
 TAKE_BATCH_REQUEST = TakeBatchRequest()

@@ -11,6 +11,7 @@ from marshmallow import Schema, fields, validate
 from service.http.schemas.fields import one_of
 from service.vocabulary import (
     AccountKind,
+    GrantSource,
     InboxStatus,
     LedgerKind,
     LimitSource,
@@ -95,6 +96,9 @@ class Conflict(Error, Counter):
     did not fit); idempotency_key_reused the earlier take (a multi-line take's: its first line's)."""
 
     take_id = fields.Integer()
+    grant_id = fields.Integer(
+        metadata={"description": "idempotency_key_reused of a grant: the earlier grant"}
+    )
     lines = fields.List(
         fields.Nested(LineShortfall),
         metadata={"description": "a multi-line take's quota_exhausted: every line that did not fit"},
@@ -102,6 +106,15 @@ class Conflict(Error, Counter):
 
 
 class MetricLimit(Counter):
+    remaining = fields.Integer(
+        allow_none=True,
+        metadata={"description": "max(limit - used, 0) + credits; null when unlimited"},
+    )
+    credits = fields.Integer(
+        metadata={
+            "description": 'what the live grants have left (README "Credits"); used after the allowance'
+        }
+    )
     kind = fields.String(validate=one_of(MetricKind))
     reset = fields.String(
         allow_none=True, validate=one_of(ResetInterval), metadata={"description": "null for an allocation"}
@@ -171,10 +184,43 @@ class AdminAccount(Account):
     )
 
 
+class GrantResponse(Schema):
+    """A grant (README "Credits"): `remaining` is what is left now, 0 once it ended."""
+
+    grant_id = fields.Integer()
+    metric = fields.String()
+    units = fields.Integer()
+    remaining = fields.Integer()
+    expires_at = fields.DateTime(allow_none=True, metadata={"description": "null: never expires"})
+    source = fields.String(validate=one_of(GrantSource))
+    status = fields.String(
+        validate=validate.OneOf(["live", "used", "expired", "voided"]),
+        metadata={"description": "live; used (nothing left); expired; voided"},
+    )
+    note = fields.String(allow_none=True)
+    created_at = fields.DateTime()
+    voided_at = fields.DateTime(allow_none=True)
+
+
+class GrantsResponse(Schema):
+    grants = fields.List(fields.Nested(GrantResponse), metadata={"description": "newest first"})
+
+
+class VoidResponse(Flat):
+    grant_id = fields.Integer()
+    voided = fields.Integer(metadata={"description": "units the void forfeited (what was left)"})
+    used = fields.Integer(
+        metadata={"description": "units takes had drawn and not given back: they stay used"}
+    )
+
+
 class TakeResponse(Counter):
     take_id = fields.Integer()
     metric = fields.String()
     units = fields.Integer()
+    from_credits = fields.Integer(
+        metadata={"description": "of `units`, those drawn from grants (0: the allowance covered the take)"}
+    )
 
 
 class TakeLinesResponse(Schema):
@@ -216,9 +262,17 @@ class FeatureCheck(Flat):
 class ReleaseResponse(TakeResponse):
     """`released: false` carries only `reason` and `take_id` (NOT_RELEASED below)."""
 
+    class Meta:
+        exclude = ("from_credits",)
+
     released = fields.Boolean()
     reason = fields.String(validate=one_of(ReleaseReason))
-    units = fields.Integer(metadata={"description": "units actually given back"})
+    units = fields.Integer(
+        metadata={
+            "description": "units actually given back, to the allowance and to live grants (a share "
+            "of a grant that has ended since is forfeited)"
+        }
+    )
 
 
 class UsageResponse(Flat):
@@ -299,6 +353,10 @@ class LedgerEntry(Schema):
     seq = fields.Integer(
         metadata={"description": "the row's position in its counter's chain (1, 2, 3 ...; not hashed)"}
     )
+    grant_id = fields.Integer(
+        allow_none=True,
+        metadata={"description": "a grant's row (kind grant*): the grant; hashed as a 13th field when set"},
+    )
 
 
 class AuditEntry(Schema):
@@ -337,10 +395,22 @@ class Mismatch(Schema):
     last_used_after = fields.Integer(allow_none=True)
 
 
+class GrantMismatch(Schema):
+    account_id = fields.String()
+    metric = fields.String()
+    grant_id = fields.Integer()
+    remaining = fields.Integer(metadata={"description": "the grant's, as stored"})
+    ledger_remaining = fields.Integer(
+        metadata={"description": "units - taken + released - voided - expired, from its ledger rows"}
+    )
+
+
 class ReconciliationResponse(Schema):
     period = fields.String()
     checked = fields.Integer()
     mismatches = fields.List(fields.Nested(Mismatch))
+    grants_checked = fields.Integer(metadata={"description": "grants with a ledger row in the period"})
+    grant_mismatches = fields.List(fields.Nested(GrantMismatch))
 
 
 class WebhookReceipt(Flat):
@@ -391,6 +461,9 @@ FEATURE_OVERRIDE_CHANGE = FeatureOverrideChange()
 METRIC_CHECK = MetricCheck()
 FEATURE_CHECK = FeatureCheck()
 TAKE = TakeResponse()
+GRANT = GrantResponse()
+GRANTS = GrantsResponse()
+VOIDED = VoidResponse()
 TAKE_LINES = TakeLinesResponse()
 RELEASED = ReleaseResponse(exclude=("reason",))
 NOT_RELEASED = ReleaseResponse(only=("released", "reason", "take_id"))
