@@ -17,6 +17,15 @@
 -- insert pays for no more rules than before). grant_id enters a row's hash as a thirteenth field,
 -- only when it is set (ledger_grant_hash): every hash written before stays valid.
 SET LOCAL lock_timeout = '10s';
+-- On Citus, every statement of this transaction on one connection per node: it changes the ledger's
+-- shards (a column) and then creates functions, which Citus propagates only over such connections.
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_extension WHERE extname = 'citus') THEN
+        PERFORM set_config('citus.multi_shard_modify_mode', 'sequential', true);
+    END IF;
+END
+$$;
 
 CREATE TABLE grants (
     account_id  text NOT NULL,
