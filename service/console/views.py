@@ -7,6 +7,7 @@ ones: any other POST is 403, and so is one without the session's CSRF token, bef
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable
 from datetime import date
 from typing import Any, ParamSpec, TypeVar
@@ -31,8 +32,8 @@ from service.http.runtime import runtime
 from service.http.schemas import requests as rq
 from service.http.validation import account_id, load
 from service.keys import hash_key
-from service.quota import accounts, admin, chain, history, ledger, overrides, periods
-from service.vocabulary import InboxStatus, Provider, Role
+from service.quota import accounts, admin, chain, grants, history, ledger, overrides, periods
+from service.vocabulary import GrantSource, InboxStatus, MetricKind, Provider, Role
 
 bp = Blueprint(
     "console",
@@ -242,6 +243,7 @@ def _account_page(id: str, *, message: str | None = None, error: str | None = No
     today = periods.now().date()
     with rt.connection() as conn:
         view = accounts.get_account(conn, rt.plans, account_id=id)
+        account_grants = grants.list_grants(conn, account_id=id)
         why = standing.standing(conn, account_id=id)
         rows = ledger.recent(conn, account_id=id, limit=50)
         plots = []
@@ -257,6 +259,10 @@ def _account_page(id: str, *, message: str | None = None, error: str | None = No
         rows=rows,
         plots=plots,
         resettable=[m.metric for m in view.limits if m.kind != "allocation"],
+        grantable=[m.metric for m in view.limits if m.kind == MetricKind.CONSUMABLE],
+        grants=account_grants,
+        # a new key per form shown: a form sent twice (a double click, a reload) grants once
+        grant_key=f"console-{uuid.uuid4()}",
         message=_DONE.get(request.args.get("done", ""), message),
         error=error,
     )
@@ -276,6 +282,8 @@ _DONE = {
     "reset": "Counter reset.",
     "deleted": "Account deleted (soft): takes are refused until it is restored.",
     "restored": "Account restored.",
+    "granted": "Credits granted.",
+    "voided": "Grant voided: what was left of it is forfeited.",
 }
 
 
@@ -320,6 +328,62 @@ def reset(id: str) -> BaseResponse:
             conn, rt.plans, account_id=id, metric=metric, actor=session().name, period=rt.plans.period(metric)
         )
     return _done(id, "reset")
+
+
+@bp.post("/accounts/<id>/grant")
+@admin_only
+def grant(id: str) -> BaseResponse:
+    """Grant credits (as POST /v1/admin/accounts/{id}/grants), checked by the API's own schema."""
+    rt = runtime()
+    id = account_id(id)
+    form = request.form
+    units = ascii_id(form.get("units", "").strip())
+    if units is None:
+        raise ValidationFailed("units: a whole number of at least 1", fields={"units": ["a whole number"]})
+    expires = form.get("expires_at", "").strip()
+    if len(expires) == len("YYYY-MM-DDTHH:MM"):  # the form's datetime-local has no offset: UTC, as it says
+        expires += ":00+00:00"
+    body = load(
+        rq.GRANT_REQUEST,
+        {
+            "metric": form.get("metric", ""),
+            "units": units,
+            # the form's datetime-local has no offset: it is read as UTC, as the page says
+            "expires_at": f"{expires}:00+00:00"
+            if len(expires) == len("YYYY-MM-DDTHH:MM")
+            else expires or None,
+            "note": form.get("note", "").strip() or None,
+            "idempotency_key": form.get("idempotency_key", ""),
+        },
+    )
+    with rt.connection() as conn:
+        grants.create_grant(
+            conn,
+            rt.plans,
+            account_id=id,
+            metric=body["metric"],
+            units=body["units"],
+            expires_at=body.get("expires_at"),
+            note=body.get("note"),
+            source=GrantSource.ADMIN,
+            source_ref=body["idempotency_key"],
+            actor=session().name,
+        )
+    return _done(id, "granted")
+
+
+@bp.post("/accounts/<id>/grants/<grant_id>/void")
+@admin_only
+def void(id: str, grant_id: str) -> BaseResponse:
+    """Void a grant of this account forward-only (as POST /v1/admin/grants/{id}/void)."""
+    id = account_id(id)
+    number = ascii_id(grant_id)
+    if number is None:
+        abort(404)
+    with runtime().connection() as conn:
+        grants.grant_of(conn, account_id=id, grant_id=number)  # UnknownGrant: not this account's
+        grants.void_grant(conn, grant_id=number, account_id=id, actor=session().name)
+    return _done(id, "voided")
 
 
 @bp.post("/accounts/<id>/delete")

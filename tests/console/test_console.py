@@ -4,6 +4,7 @@ the roles, and the console off without CONSOLE_SECRET_KEY."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from typing import Any
 
@@ -240,3 +241,55 @@ def test_hostile_search_and_form_values_are_refusals_not_errors(client, keys, ac
         )
         assert r.status_code == 422, (limit, r.status_code)
     assert override_of(client, keys) is None
+
+
+def test_an_admin_grants_credits_once_per_form_and_voids_them_finance_cannot(client, keys, account, conn):
+    """The grant form: the API's rules (a consumable metric, units >= 1), its own idempotency key
+    (the same form sent twice grants once), the credits on the page and in the API; void forward-only."""
+    signed_in(client, keys)
+    page = client.get("/console/accounts/acc-1").get_data(as_text=True)
+    token = csrf_of(page)
+    key = re.search(r'name="idempotency_key" value="([^"]+)"', page)
+    assert key is not None
+    form = {
+        "metric": "urls",
+        "units": "5",
+        "note": "<b>goodwill</b>",
+        "csrf_token": token,
+        "idempotency_key": key[1],
+    }
+    for _ in range(2):  # a double submit
+        assert client.post("/console/accounts/acc-1/grant", data=form).status_code == 303
+    listed = client.get("/v1/accounts/acc-1/grants", headers=keys["product"]).json["grants"]
+    assert [(g["metric"], g["units"], g["remaining"]) for g in listed] == [("urls", 5, 5)]
+    page = client.get("/console/accounts/acc-1").get_data(as_text=True)
+    assert 'data-credits="5"' in page and "&lt;b&gt;goodwill&lt;/b&gt;" in page
+    for bad in (
+        {"metric": "seats", "units": "1"},
+        {"metric": "urls", "units": "0"},
+        {"metric": "urls", "units": "²"},
+    ):
+        r = client.post(
+            "/console/accounts/acc-1/grant", data={**bad, "csrf_token": token, "idempotency_key": "k2"}
+        )
+        assert r.status_code == 422, bad
+    grant_id = listed[0]["grant_id"]
+    finance = client.application.test_client()
+    signed_in(finance, keys, "finance")
+    ftoken = csrf_of(finance.get("/console/accounts/acc-1").get_data(as_text=True))
+    assert (
+        finance.post(
+            f"/console/accounts/acc-1/grants/{grant_id}/void", data={"csrf_token": ftoken}
+        ).status_code
+        == 403
+    )
+    assert (
+        finance.post("/console/accounts/acc-1/grant", data={**form, "csrf_token": ftoken}).status_code == 403
+    )
+    assert (
+        client.post(f"/console/accounts/acc-1/grants/{grant_id}/void", data={"csrf_token": token}).status_code
+        == 303
+    )
+    listed = client.get("/v1/accounts/acc-1/grants", headers=keys["product"]).json["grants"]
+    assert (listed[0]["status"], listed[0]["remaining"]) == ("voided", 0)
+    assert client.post("/console/accounts/other/grants/1/void", data={"csrf_token": token}).status_code == 404
