@@ -161,6 +161,9 @@ def login() -> BaseResponse | tuple[str, int] | str:
         elif owner.role not in ROLES:
             message, status = f"A {owner.role} key cannot sign in here: use an admin or finance key.", 403
         else:
+            earlier = s.load(request.cookies.get(COOKIE))
+            if earlier is not None:  # signing in again ends the session the browser held
+                s.end(earlier)
             _, signed = s.create(key_hash=digest, name=owner.name, role=owner.role)
             resp = redirect(url_for("console.account_list"))
             resp.set_cookie(COOKIE, signed, **_cookie_flags())

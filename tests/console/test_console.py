@@ -123,6 +123,15 @@ def test_logout_ends_the_session_and_the_old_cookie_no_longer_works(client, keys
     assert r.status_code == 403 and "not signed in" in r.get_data(as_text=True)
 
 
+def test_signing_in_again_ends_the_session_the_browser_held(client, keys):
+    first = signed_in(client, keys)
+    second = signed_in(client, keys, "finance")
+    assert second != first
+    client.set_cookie(COOKIE, first, path="/console")
+    r = client.get("/console/accounts")
+    assert r.status_code == 302 and "/console/login" in r.location
+
+
 def test_a_revoked_key_ends_its_session(client, keys, conn):
     signed_in(client, keys)  # key_cache_seconds is 0 in the tests: the next request checks the key
     assert client.get("/console/accounts").status_code == 200
