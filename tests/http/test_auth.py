@@ -8,7 +8,7 @@ import re
 from service.keys import create_key, revoke_key
 from tests.http.conftest import assert_error
 
-SAMPLE = {"id": "acc-1", "metric": "urls", "feature": "sso", "take_id": "1", "inbox_id": "1"}
+SAMPLE = {"id": "acc-1", "metric": "urls", "feature": "sso", "take_id": "1", "inbox_id": "1", "grant_id": "1"}
 
 
 def _v1_routes(app):
