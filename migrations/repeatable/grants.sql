@@ -109,6 +109,8 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp 
 DECLARE
     g record;
     v_now bigint;
+    v_at timestamptz := clock_timestamp();  -- a value, not a call, in the UPDATE: Citus refuses a
+                                            -- volatile function in an UPDATE of a distributed table
 BEGIN
     SELECT gr.metric INTO g FROM grants gr WHERE gr.account_id = p_account_id AND gr.id = p_grant_id;
     IF NOT FOUND THEN
@@ -127,7 +129,7 @@ BEGIN
     END IF;
     UPDATE grants gr
        SET remaining = gr.remaining - v_now, voided = coalesce(gr.voided, 0) + v_now,
-           voided_at = CASE WHEN p_units IS NULL OR gr.remaining = v_now THEN clock_timestamp() END
+           voided_at = CASE WHEN p_units IS NULL OR gr.remaining = v_now THEN v_at END
      WHERE gr.account_id = p_account_id AND gr.id = p_grant_id
     RETURNING gr.voided, gr.units - gr.remaining - gr.voided - coalesce(gr.expired, 0) INTO voided, used;
     PERFORM grant_append(p_account_id, g.metric, 'grant_void', v_now, NULL, p_grant_id, p_actor);
@@ -348,15 +350,25 @@ BEGIN
 END
 $f$;
 
--- What the account's live grants of a metric have left: its credits (a take's refusal read,
--- takes.sql `take_refusal`; the account view and the check read the same rule). A grant past its
--- time, voided or drawn to nothing counts nothing, whether or not the expiry job has run.
+-- The live grants: what credits are. A grant past its time, voided or drawn to nothing counts
+-- nothing, whether or not the expiry job has run. A view, not a function, so that the reads that
+-- join it to an account's counters (takes.sql `take_refusal`, accounts.sql `account_quotas`,
+-- grants.sql `grant_credits`) stay one query that Citus routes to the account's shard: a function
+-- that reads a distributed table, called inside a query Citus pushes to a shard, is a nested
+-- distributed query, which Citus refuses.
+CREATE OR REPLACE VIEW live_grants AS
+    SELECT g.account_id, g.metric, g.id, g.remaining, g.expires_at, g.created_at
+      FROM grants g
+     WHERE g.remaining > 0 AND g.voided_at IS NULL AND (g.expires_at IS NULL OR g.expires_at > now());
+GRANT SELECT ON live_grants TO quota_app;
+
+-- What the account's live grants of a metric have left: its credits, for the writers (one
+-- PostgreSQL's batch, ledger_writers.sql `ledger_take_each`).
 CREATE OR REPLACE FUNCTION grant_credits(p_account_id text, p_metric text) RETURNS bigint
 LANGUAGE sql STABLE SET search_path = pg_catalog, public, pg_temp AS $$
-    SELECT coalesce(sum(g.remaining), 0)::bigint
-      FROM grants g
-     WHERE g.account_id = p_account_id AND g.metric = p_metric AND g.remaining > 0 AND g.voided_at IS NULL
-       AND (g.expires_at IS NULL OR g.expires_at > now())
+    SELECT coalesce(sum(lg.remaining), 0)::bigint
+      FROM live_grants lg
+     WHERE lg.account_id = p_account_id AND lg.metric = p_metric
 $$;
 
 -- The release of a take that drew on grants (takes.py `release`, after ledger_release left it

@@ -54,10 +54,12 @@ SELECT q.metric, m.kind, m.reset, q.lim AS "limit", q.limit_source,
        CASE WHEN q.period < m.period THEN 0 ELSE q.used END AS used,
        greatest(q.period, m.period) AS counter_period,
        q.plan_limit, q.override_set, q.override_limit,
-       grant_credits(q.account_id, q.metric) AS credits  -- the live grants' remaining (README "Credits")
+       coalesce(c.credits, 0)::bigint AS credits  -- the live grants' remaining (README "Credits")
   FROM quotas q
   JOIN unnest(%(metrics)s::text[], %(periods)s::text[], %(kinds)s::text[], %(resets)s::text[])
            AS m (metric, period, kind, reset) ON m.metric = q.metric
+  LEFT JOIN (SELECT lg.metric, sum(lg.remaining) AS credits FROM live_grants lg
+              WHERE lg.account_id = %(account_id)s GROUP BY lg.metric) AS c ON c.metric = q.metric
  WHERE q.account_id = %(account_id)s
  ORDER BY q.metric
 

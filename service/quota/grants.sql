@@ -33,10 +33,11 @@ SELECT g.id AS grant_id, g.account_id, g.metric, g.units,
 
 -- name: grant_credits
 -- Each metric's credits: what the account's live grants have left (a take's draw order's grants).
--- grant_credits (migrations/repeatable/grants.sql) is the rule; a metric with none is left out.
-SELECT m.metric, grant_credits(%(account_id)s::text, m.metric) AS credits
-  FROM (SELECT DISTINCT g.metric FROM grants g WHERE g.account_id = %(account_id)s AND g.remaining > 0) AS m
- WHERE grant_credits(%(account_id)s::text, m.metric) > 0
+-- live_grants (migrations/repeatable/grants.sql) is the rule; a metric with none is left out.
+SELECT lg.metric, sum(lg.remaining)::bigint AS credits
+  FROM live_grants lg
+ WHERE lg.account_id = %(account_id)s
+ GROUP BY lg.metric
 
 -- name: grants_due
 -- Grants past their time whose expiry row is not written yet, a batch for the expiry job, by the

@@ -129,12 +129,8 @@ def reconcile(conn: Connection, *, period: str) -> Reconciliation:
         period=period,
         checked=len(rows),
         mismatches=bad,
-        grants_checked=grant_rows[0]["checked"] if grant_rows else 0,
-        grant_mismatches=[
-            GrantMismatch(**{k: v for k, v in r.items() if k != "checked"})
-            for r in grant_rows
-            if r["remaining"] != r["ledger_remaining"]
-        ],
+        grants_checked=len(grant_rows),
+        grant_mismatches=[GrantMismatch(**r) for r in grant_rows if r["remaining"] != r["ledger_remaining"]],
     )
 
 

@@ -67,22 +67,25 @@ SELECT account_id, metric, period, c.used AS counter_used, coalesce(s.ledger_use
 -- name: grant_reconciliation
 -- Grant vs ledger for the grants with a row in the period (as `reconciliation` reads the period): a
 -- grant's remaining must equal units - taken + released - voided - expired over all its rows, read
--- along its counter's chain (the ledger_chain_seq index: the ledger has no index on grant_id, which
--- every take's insert would pay for). A forfeit moves nothing: the grant had ended.
+-- along its counter's rows (the ledger has no index on grant_id, which every take's insert would
+-- pay for). A forfeit moves nothing: the grant had ended. Every join is on account_id, so Citus
+-- runs the whole query on each shard.
 WITH touched AS (
     SELECT DISTINCT account_id, metric, grant_id
       FROM ledger
      WHERE period >= %(period)s AND period < %(period)s || '.' AND grant_id IS NOT NULL
+), sums AS (
+    SELECT l.account_id, l.grant_id,
+           coalesce(sum(CASE l.kind WHEN 'grant' THEN l.units WHEN 'grant_release' THEN l.units
+                                    WHEN 'grant_take' THEN -l.units WHEN 'grant_void' THEN -l.units
+                                    WHEN 'grant_expire' THEN -l.units ELSE 0 END), 0)::bigint AS ledger_remaining
+      FROM ledger l
+      JOIN touched t ON l.account_id = t.account_id AND l.metric = t.metric AND l.grant_id = t.grant_id
+     GROUP BY l.account_id, l.grant_id
 )
-SELECT g.account_id, g.metric, g.id AS grant_id, g.remaining, s.ledger_remaining, (SELECT count(*) FROM touched) AS checked
-  FROM touched t
-  JOIN grants g ON g.account_id = t.account_id AND g.id = t.grant_id
- CROSS JOIN LATERAL (
-        SELECT coalesce(sum(CASE l.kind WHEN 'grant' THEN l.units WHEN 'grant_release' THEN l.units
-                                        WHEN 'grant_take' THEN -l.units WHEN 'grant_void' THEN -l.units
-                                        WHEN 'grant_expire' THEN -l.units ELSE 0 END), 0)::bigint AS ledger_remaining
-          FROM ledger l
-         WHERE l.account_id = t.account_id AND l.metric = t.metric AND l.grant_id = t.grant_id) AS s
+SELECT g.account_id, g.metric, g.id AS grant_id, g.remaining, s.ledger_remaining
+  FROM sums s
+  JOIN grants g ON g.account_id = s.account_id AND g.id = s.grant_id
  ORDER BY g.account_id, g.id
 
 -- name: audit_page

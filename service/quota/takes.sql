@@ -22,10 +22,13 @@ SELECT item, granted, key_met, take_id, used, "limit", counter_period, limit_sou
 
 -- name: take_refusal
 -- Why did `take` match nothing? Read after the fact; the caller retries where the answer allows.
--- `credits`: what the live grants have left, read only when the allowance has no room (grant_credits,
+-- `credits`: what the live grants have left, read only when the allowance has no room (live_grants,
 -- migrations/repeatable/grants.sql): a take they may cover is tried with them before it is refused.
 SELECT a.deleted, q.period, q.used, q.lim AS "limit", q.limit_source,
-       CASE WHEN q.used + coalesce(%(units)s, 1) > q.lim THEN grant_credits(a.id, %(metric)s) ELSE 0 END AS credits
+       CASE WHEN q.used + coalesce(%(units)s, 1) > q.lim
+            THEN (SELECT coalesce(sum(lg.remaining), 0)::bigint FROM live_grants lg
+                   WHERE lg.account_id = %(account_id)s AND lg.metric = %(metric)s)
+            ELSE 0 END AS credits
   FROM accounts a
   LEFT JOIN quotas q ON q.account_id = a.id AND q.metric = %(metric)s
  WHERE a.id = %(account_id)s

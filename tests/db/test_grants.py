@@ -25,6 +25,7 @@ from tests.db.helpers import (
     set_period,
 )
 from tests.db.race import race
+from tests.db.test_chain import tamper
 
 METRIC = "urls"
 
@@ -326,11 +327,11 @@ def test_reconciliation_and_verify_find_a_grant_changed_behind_the_writers(conn,
     found = ledger.reconcile(conn, period=periods.current_period()).grant_mismatches
     assert [(m.grant_id, m.remaining, m.ledger_remaining) for m in found] == [(g.grant_id, 5, 3)]
     # a grant's row whose grant was rewritten: its hash no longer matches
-    conn.execute("ALTER TABLE ledger DISABLE TRIGGER ledger_append_only")
-    conn.execute(
-        "UPDATE ledger SET grant_id = grant_id + 1 WHERE account_id = %s AND kind = 'grant_take'", (account,)
+    tamper(
+        conn,
+        "UPDATE ledger SET grant_id = grant_id + 1 WHERE account_id = %s AND kind = 'grant_take'",
+        account,
     )
-    conn.execute("ALTER TABLE ledger ENABLE TRIGGER ledger_append_only")
     assert not chain.verify(conn, account_id=account).ok
 
 
