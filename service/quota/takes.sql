@@ -52,7 +52,7 @@ SELECT t.id AS take_id, t.metric, t.units + coalesce(d.units, 0) AS units, t.use
   FROM ledger t
   LEFT JOIN LATERAL (
         SELECT sum(g.units)::bigint AS units FROM ledger g
-         WHERE g.account_id = t.account_id AND g.metric = t.metric AND g.seq > t.seq
+         WHERE g.account_id = %(account_id)s AND g.metric = t.metric AND g.seq > t.seq
            AND g.seq <= t.seq + 1000 AND g.kind = 'grant_take' AND g.take_id = t.id
            AND t.used_after >= t.lim) AS d ON true
  WHERE t.account_id = %(account_id)s AND t.kind = 'take'
