@@ -325,8 +325,17 @@ def take_lines(
 
 def _take_lines(conn: Connection, attempts: list[_Attempt]) -> list[Take]:
     """The multi-line take's one statement: a take per line, in the order given, or none."""
+    try:
+        with conn.cursor(row_factory=class_row(Take)) as cur:
+            return cur.execute(Q.take_lines, _lines_params(attempts)).fetchall()
+    except psycopg.errors.UniqueViolation:
+        return []  # a line's key was taken by an earlier (or concurrent, now committed) take
+
+
+def _lines_params(attempts: list[_Attempt]) -> dict[str, object]:
+    """One account's lines as the multi-line statements take them: parallel arrays, one key."""
     first = attempts[0]
-    params = {
+    return {
         "account_id": first.account_id,
         "metrics": [a.metric for a in attempts],
         "units": [a.units for a in attempts],
@@ -334,11 +343,6 @@ def _take_lines(conn: Connection, attempts: list[_Attempt]) -> list[Take]:
         "idempotency_key": first.idempotency_key,
         "actor": first.actor,
     }
-    try:
-        with conn.cursor(row_factory=class_row(Take)) as cur:
-            return cur.execute(Q.take_lines, params).fetchall()
-    except psycopg.errors.UniqueViolation:
-        return []  # a line's key was taken by an earlier (or concurrent, now committed) take
 
 
 def _take_credits(conn: Connection, attempts: list[_Attempt]) -> list[Take] | None:
@@ -346,18 +350,9 @@ def _take_credits(conn: Connection, attempts: list[_Attempt]) -> list[Take] | No
     the allowance, all or nothing (ledger_take_credits, migrations/repeatable/grants.sql). Called only
     after the take's own statement refused it for want of room: the fast path stays one statement.
     [] : it does not fit even so; None: its idempotency key met an earlier take."""
-    first = attempts[0]
-    params = {
-        "account_id": first.account_id,
-        "metrics": [a.metric for a in attempts],
-        "units": [a.units for a in attempts],
-        "periods": [a.period for a in attempts],
-        "idempotency_key": first.idempotency_key,
-        "actor": first.actor,
-    }
     try:
         with conn.cursor(row_factory=class_row(Take)) as cur:
-            return cur.execute(Q.take_credits, params).fetchall()
+            return cur.execute(Q.take_credits, _lines_params(attempts)).fetchall()
     except psycopg.errors.UniqueViolation:
         return None
 
