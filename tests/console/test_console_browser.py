@@ -81,6 +81,12 @@ def test_the_console_in_a_browser(served: str, client: Any, keys: Any, conn: Any
     take(client, keys, account, metric="seats", units=1)
     take(client, keys, account, metric="exports", units=12)
     take(client, keys, account, metric="api_calls", units=300)
+    granted = client.post(
+        f"/v1/admin/accounts/{account}/grants",
+        json={"metric": "urls", "units": 50, "note": "goodwill", "idempotency_key": "g-1"},
+        headers=keys["admin"],
+    )
+    assert granted.status_code == 201, granted.json  # the page shows it: credits and the grants table
 
     driver = chromium()
     try:
