@@ -30,6 +30,10 @@ from service.vocabulary import MetricKind, ResetInterval
 
 Limit = int | None  # None = unlimited
 
+# Percent of the effective limit at which a take fires quota.threshold_crossed (docs/events.md),
+# unless the file says otherwise (`thresholds = [...]` at the top level, or in a plan).
+DEFAULT_THRESHOLDS = (80, 100)
+
 KINDS = tuple(MetricKind)
 RESETS = tuple(ResetInterval)
 
@@ -58,6 +62,7 @@ class Plan:
     revenuecat_entitlements: tuple[str, ...] = ()
     revenuecat_products: tuple[str, ...] = ()
     features: tuple[str, ...] = ()
+    thresholds: tuple[int, ...] = DEFAULT_THRESHOLDS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,10 +186,24 @@ def _strings(plan: str, key: str, value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _thresholds(key: str, value: Any, default: tuple[int, ...]) -> tuple[int, ...]:
+    """A `thresholds` list: distinct whole percents from 1 to 100, kept sorted; [] fires nothing."""
+    if value is None:
+        return default
+    if not isinstance(value, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 100 for v in value
+    ):
+        raise PlanConfigError(f"{key}: expected a list of whole percents from 1 to 100, such as [80, 100]")
+    if len(set(value)) != len(value):
+        raise PlanConfigError(f"{key}: a percent is listed twice")
+    return tuple(sorted(value))
+
+
 def parse_plans(data: dict[str, Any]) -> PlanConfig:
     """Validate a parsed plans.toml; raises PlanConfigError naming the first bad entry."""
     free = data.get("free_plan")
     raw = data.get("plans")
+    thresholds = _thresholds("thresholds", data.get("thresholds"), DEFAULT_THRESHOLDS)
     if not isinstance(raw, dict) or not raw:
         raise PlanConfigError("plans: at least one [plans.<name>] table is required")
     if not isinstance(free, str) or free not in raw:
@@ -200,6 +219,7 @@ def parse_plans(data: dict[str, Any]) -> PlanConfig:
             "stripe_prices",
             "revenuecat_entitlements",
             "revenuecat_products",
+            "thresholds",
         }
         if unknown:
             raise PlanConfigError(f"plans.{name}: unknown keys {sorted(unknown)}")
@@ -215,6 +235,7 @@ def parse_plans(data: dict[str, Any]) -> PlanConfig:
             ),
             revenuecat_products=_strings(name, "revenuecat_products", body.get("revenuecat_products")),
             features=_strings(name, "features", body.get("features")),
+            thresholds=_thresholds(f"plans.{name}.thresholds", body.get("thresholds"), thresholds),
         )
         for key in ("stripe_prices", "revenuecat_entitlements", "revenuecat_products"):
             for v in getattr(plan, key):

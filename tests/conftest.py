@@ -35,6 +35,7 @@ from service.config import Settings
 from service.keys import create_key
 from service.migrate import migrate
 from service.plans import PlanConfig, load_plans
+from service.quota.alerts import sync_thresholds
 from service.roles import as_login, ensure_login_role
 from tests.citus import CLUSTER_GAPS, CLUSTER_SUITE, on_cluster
 from tests.citus.cluster import Cluster, unavailable_reason
@@ -143,19 +144,26 @@ def _admin(pg_url: str) -> psycopg.Connection[Any]:
     return psycopg.connect(pg_url, autocommit=True)
 
 
+def _migrate_template(url: str) -> None:
+    """Migrate, then copy the test plan file's thresholds in, as the plan sync does."""
+    migrate(url)
+    with psycopg.connect(url, autocommit=True) as c:
+        sync_thresholds(c, load_plans(PLANS_FILE))
+
+
 @pytest.fixture(scope="session")
 def template_db(pg_url: str, request: pytest.FixtureRequest) -> Iterator[str]:
     """A database with every migration applied, cloned by each test."""
     name = f"ql_tpl_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     if on_cluster():
         cluster: Cluster = request.getfixturevalue("citus_cluster")
-        migrate(cluster.create_database(name))
+        _migrate_template(cluster.create_database(name))
         yield name
         cluster.drop_database(name)
         return
     with _admin(pg_url) as c:
         c.execute(f'CREATE DATABASE "{name}"')
-    migrate(with_database(pg_url, name))
+    _migrate_template(with_database(pg_url, name))
     yield name
     with _admin(pg_url) as c:
         c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -211,6 +211,11 @@ BEGIN
        SET plan = v_plan, subscription_status = v_status,
            billing_version = a.billing_version + p_bump::int, updated_at = v_now
      WHERE a.id = p_account_id;
+    PERFORM event_emit(p_account_id, 'account.plan_changed', jsonb_build_object(
+        'account_id', p_account_id,
+        'previous', jsonb_build_object('plan', p_plan, 'status', p_status),
+        'current', jsonb_build_object('plan', v_plan, 'status', v_status),
+        'cause', plan_change_cause(p_actor)));
     RETURN quota_set_limits_for_plan(p_account_id, v_plan, billing_is_lapsed(v_plan, v_status, p_free_plan),
                                      p_actor, p_free_plan, p_plan_names, p_plan_metrics, p_plan_limits);
 END

@@ -93,6 +93,9 @@ BEGIN
     PERFORM audit_append(p_actor, 'grant_created', p_account_id, p_metric, 'null',
                          jsonb_build_object('grant_id', grant_id, 'units', p_units, 'expires_at', p_expires_at,
                                             'source', p_source, 'source_ref', p_source_ref));
+    PERFORM event_emit(p_account_id, 'credits.granted', jsonb_build_object(
+        'account_id', p_account_id, 'metric', p_metric, 'grant_id', grant_id, 'units', p_units,
+        'source', p_source, 'expires_at', p_expires_at));
     RETURN NEXT;
 END
 $f$;
@@ -137,6 +140,9 @@ BEGIN
                          jsonb_build_object('grant_id', p_grant_id, 'remaining', g.remaining),
                          jsonb_build_object('grant_id', p_grant_id, 'remaining', g.remaining - v_now,
                                             'voided', v_now));
+    PERFORM event_emit(p_account_id, 'credits.voided', jsonb_build_object(
+        'account_id', p_account_id, 'metric', g.metric, 'grant_id', p_grant_id, 'units', v_now,
+        'remaining', g.remaining - v_now));
     changed := true;
     RETURN NEXT;
 END
@@ -277,6 +283,7 @@ BEGIN
                                  v_draw_grant[j], p_actor);
         END LOOP;
     END LOOP;
+    PERFORM quota_alerts(p_account_id, p_metrics);
     RETURN QUERY
     SELECT v_take[n], p_metrics[n], p_units[n], v_used[n], v_lim[n], v_period[n], v_source[n], v_need[n]
       FROM generate_series(1, v_n) AS n;

@@ -54,8 +54,9 @@ CREATE OR REPLACE FUNCTION ledger_take(
                  limit_source text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $f$
 #variable_conflict use_column
+DECLARE
+    v_alert boolean;  -- the take reached the counter's alert line (quota_alert, events_out.sql)
 BEGIN
-RETURN QUERY
 WITH granted AS (
     UPDATE quotas q
        SET used = q.used + p_units,
@@ -66,7 +67,7 @@ WITH granted AS (
        AND NOT q.account_deleted
        AND (q.lim IS NULL OR q.used + p_units <= q.lim)
  RETURNING q.account_id, q.metric, q.period, q.used, q.lim, q.limit_source, q.chain_id, q.chain_at, q.chain_seq,
-           q.chain_prev, q.chain_hash
+           q.chain_prev, q.chain_hash, q.lim > 0 AND q.used * 100 >= q.alert_pct::bigint * q.lim AS alert
 ), entry AS (
     INSERT INTO ledger (id, at, seq, account_id, metric, period, kind, units, used_after, lim, limit_source,
                         idempotency_key, actor, prev_hash, hash)
@@ -77,8 +78,16 @@ WITH granted AS (
  RETURNING ledger.id, ledger.metric, ledger.period, ledger.units, ledger.used_after, ledger.lim,
            ledger.limit_source
 )
-SELECT e.id, e.metric, e.units::bigint, e.used_after::bigint, e.lim, e.period, e.limit_source
-  FROM entry e;
+SELECT e.id, e.metric, e.units::bigint, e.used_after::bigint, e.lim, e.period, e.limit_source, g.alert
+  INTO take_id, metric, units, used, "limit", period, limit_source, v_alert
+  FROM entry e, granted g;
+IF NOT FOUND THEN
+    RETURN;
+END IF;
+IF v_alert THEN
+    PERFORM quota_alert(p_account_id, p_metric);
+END IF;
+RETURN NEXT;
 END
 $f$;
 
@@ -159,6 +168,9 @@ WITH line AS MATERIALIZED (
 SELECT e.id, g.metric, g.units::bigint, g.used::bigint, g.lim, g.period::text, g.limit_source
   FROM entry e JOIN granted g ON g.metric = e.metric
  ORDER BY g.request_order;
+IF FOUND THEN
+    PERFORM quota_alerts(p_account_id, p_metrics);
+END IF;
 END
 $f$;
 
@@ -235,7 +247,7 @@ WITH prior AS (
        FOR UPDATE
 ), opened AS (
     UPDATE quotas q
-       SET used = 0, period = p_period,
+       SET used = 0, period = p_period, alerted = 0, alert_pct = 1,
            (chain_seq, chain_prev, chain_id, chain_at, chain_hash) = (
                SELECT * FROM ledger_open_link(q.chain_seq, q.chain_hash, q.account_id, q.metric, p_period,
                                               prior.used, p_actor))
@@ -246,7 +258,7 @@ WITH prior AS (
            q.chain_hash
 ), emptied AS (
     UPDATE quotas q
-       SET period = p_period
+       SET period = p_period, alerted = 0, alert_pct = 1
       FROM prior
      WHERE q.account_id = p_account_id AND q.account_id = prior.account_id AND q.metric = prior.metric
        AND prior.used = 0
@@ -397,7 +409,7 @@ WITH batch AS (
        FOR UPDATE
 ), opened AS (
     UPDATE quotas q
-       SET used = 0, period = p_period,
+       SET used = 0, period = p_period, alerted = 0, alert_pct = 1,
            (chain_seq, chain_prev, chain_id, chain_at, chain_hash) = (
                SELECT * FROM ledger_open_link(q.chain_seq, q.chain_hash, q.account_id, q.metric, p_period, b.used,
                                               p_actor))
@@ -408,7 +420,7 @@ WITH batch AS (
            q.chain_hash
 ), emptied AS (  -- held nothing: the period moves on, no ledger row, the chain stays where it is
     UPDATE quotas q
-       SET period = p_period
+       SET period = p_period, alerted = 0, alert_pct = 1
       FROM batch b
      WHERE q.account_id = ANY(p_account_ids)
        AND q.account_id = b.account_id AND q.metric = b.metric AND b.used = 0

@@ -26,7 +26,7 @@ DECLARE
     q record;
     link record;
 BEGIN
-    SELECT s.used, s.lim, s.limit_source, s.chain_hash, s.chain_seq INTO q
+    SELECT s.used, s.lim, s.limit_source, s.chain_hash, s.chain_seq, s.alert_pct INTO q
       FROM quotas s
      WHERE s.account_id = p_account_id AND s.metric = p_metric AND s.period = p_period
        AND NOT s.account_deleted AND (s.lim IS NULL OR s.used + p_units <= s.lim)
@@ -46,6 +46,9 @@ BEGIN
     OVERRIDING SYSTEM VALUE
     VALUES (link.id, link.at, link.seq, p_account_id, p_metric, p_period, 'take', p_units, q.used + p_units,
             q.lim, q.limit_source, p_idempotency_key, p_actor, link.prev_hash, link.hash);
+    IF q.lim > 0 AND (q.used + p_units) * 100 >= q.alert_pct::bigint * q.lim THEN
+        PERFORM quota_alert(p_account_id, p_metric);  -- the take reached the alert line (events_out.sql)
+    END IF;
     take_id := link.id; metric := p_metric; units := p_units; used := q.used + p_units; "limit" := q.lim;
     period := p_period; limit_source := q.limit_source;
 END

@@ -30,7 +30,7 @@ from psycopg.rows import class_row, dict_row
 
 from service.db import Connection, Q, transaction, try_advisory_xact_lock
 from service.plans import Limit, PlanConfig
-from service.quota import periods
+from service.quota import alerts, periods
 from service.quota.kinds import refuse_conflicts
 
 log = logging.getLogger(__name__)
@@ -199,6 +199,8 @@ def sync_plans(
     # Counters still counted as a kind the config no longer gives their metric are converted first
     # (service/quota/kinds.py): refused here, before anything is written.
     refuse_conflicts(conn, plans)
+    if not dry_run:
+        alerts.sync_thresholds(conn, plans)
     period = period or periods.current_period()
     after = ""
     groups: deque[list[str]] = deque()  # the current batch's groups not yet synced

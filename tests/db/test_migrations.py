@@ -134,9 +134,9 @@ def test_the_row_rules_migration_keeps_ledger_and_counters_in_place(empty_db: st
         " ORDER BY 1"
     )
     rows = (
-        # grant_id: a column of a later migration (0026), NULL on every row written before it
+        # grant_id, alerted, alert_pct: columns of later migrations (0026, 0027), with their defaults
         "SELECT (SELECT array_agg(to_jsonb(l) - 'grant_id' ORDER BY id) FROM ledger l)::text,"
-        " (SELECT array_agg(q) FROM quotas q)::text"
+        " (SELECT array_agg(to_jsonb(q) - 'alerted' - 'alert_pct') FROM quotas q)::text"
     )
     with psycopg.connect(empty_db, autocommit=True) as c:  # as the owner
         c.execute(

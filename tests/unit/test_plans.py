@@ -110,6 +110,13 @@ _KINDS = 'free_plan = "free"\n[plans.free]\nlimits = { urls = 1, seats = 1 }\n[m
         ('metrics = 5\nfree_plan = "free"\n[plans.free]\nlimits = {}', "metrics: expected a table"),
         ('free_plan = "free"\n[plans.free]\nlimits = { urls = 1 }\nfeatures = ["urls"]', "also a metric"),
         ('free_plan = "free"\n[plans.free]\nfeatures = "sso"', "plans.free.features"),
+        # thresholds (issue 26: events out)
+        ('thresholds = [0, 100]\nfree_plan = "free"\n[plans.free]', "thresholds: expected"),
+        ('thresholds = [80, 101]\nfree_plan = "free"\n[plans.free]', "thresholds: expected"),
+        ('thresholds = "80"\nfree_plan = "free"\n[plans.free]', "thresholds: expected"),
+        ('free_plan = "free"\n[plans.free]\nthresholds = [80.5]', "plans.free.thresholds: expected"),
+        ('free_plan = "free"\n[plans.free]\nthresholds = [true]', "plans.free.thresholds: expected"),
+        ('free_plan = "free"\n[plans.free]\nthresholds = [80, 80]', "plans.free.thresholds: a percent"),
     ],
 )
 def test_invalid_configs_name_the_bad_entry(text, message):
@@ -188,3 +195,10 @@ def test_one_product_in_two_packs_is_refused():
     two += '[credit_packs.b]\nmetric = "urls"\nunits = 2\nstripe_prices = ["p"]\n'
     with pytest.raises(PlanConfigError, match=r"credit_packs\.a and credit_packs\.b"):
         _parse(CREDIT_BASE + two)
+
+
+def test_thresholds_default_to_80_and_100_and_a_plan_may_set_its_own():
+    plans = _parse('thresholds = [100, 50]\nfree_plan = "free"\n[plans.free]\n[plans.pro]\nthresholds = []')
+    assert plans.plans["free"].thresholds == (50, 100)  # the file's, sorted
+    assert plans.plans["pro"].thresholds == ()  # fires nothing
+    assert _parse('free_plan = "free"\n[plans.free]').plans["free"].thresholds == (80, 100)
