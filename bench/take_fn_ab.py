@@ -181,7 +181,9 @@ def writer_variants() -> str:
             '\n  INTO take_id, metric, units, used, "limit", period, limit_source\n  FROM entry e;',
         )
     )
-    return "\n".join((noset, invoker, into))
+    # Since events out (issue 26) ledger_take returns its row through SELECT ... INTO already: the
+    # OUT-parameter variant is made only from a source that still returns it with RETURN QUERY.
+    return "\n".join((noset, invoker, into) if "RETURN QUERY\n" in take else (noset, invoker))
 
 
 def unchecked_copy(pg: str, db: str) -> str:

@@ -117,3 +117,40 @@ BEGIN
 END
 $f$;
 
+
+-- ledger_take_before_alerts: the service's take function as it was before events out (issue 26)
+-- gave it the alert line (migrations/repeatable/ledger_writers.sql at main 238597f): the base side
+-- of "a take that crosses no threshold pays nothing for this" (bench/README.md, "Events out").
+CREATE OR REPLACE FUNCTION ledger_take_before_alerts(
+    p_account_id text, p_metric text, p_units bigint, p_period text, p_idempotency_key text, p_actor text
+) RETURNS TABLE (take_id bigint, metric text, units bigint, used bigint, "limit" bigint, period text,
+                 limit_source text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $f$
+#variable_conflict use_column
+BEGIN
+RETURN QUERY
+WITH granted AS (
+    UPDATE quotas q
+       SET used = q.used + p_units,
+           (chain_seq, chain_prev, chain_id, chain_at, chain_hash) = (
+               SELECT * FROM ledger_link(q.chain_seq, q.chain_hash, q.account_id, q.metric, q.period, 'take',
+                                         p_units, q.used + p_units, q.lim, NULL, p_idempotency_key, p_actor))
+     WHERE q.account_id = p_account_id AND q.metric = p_metric AND q.period = p_period
+       AND NOT q.account_deleted
+       AND (q.lim IS NULL OR q.used + p_units <= q.lim)
+ RETURNING q.account_id, q.metric, q.period, q.used, q.lim, q.limit_source, q.chain_id, q.chain_at, q.chain_seq,
+           q.chain_prev, q.chain_hash
+), entry AS (
+    INSERT INTO ledger (id, at, seq, account_id, metric, period, kind, units, used_after, lim, limit_source,
+                        idempotency_key, actor, prev_hash, hash)
+    OVERRIDING SYSTEM VALUE
+    SELECT g.chain_id, g.chain_at, g.chain_seq, g.account_id, g.metric, g.period, 'take', p_units, g.used, g.lim,
+           g.limit_source, p_idempotency_key, p_actor, g.chain_prev, g.chain_hash
+      FROM granted g
+ RETURNING ledger.id, ledger.metric, ledger.period, ledger.units, ledger.used_after, ledger.lim,
+           ledger.limit_source
+)
+SELECT e.id, e.metric, e.units::bigint, e.used_after::bigint, e.lim, e.period, e.limit_source
+  FROM entry e;
+END
+$f$;

@@ -24,6 +24,7 @@ CLUSTER_SUITE = (
     "tests/db/test_checkpoint.py",
     "tests/db/test_ledger_writers.py",
     "tests/db/test_grants.py",
+    "tests/db/test_events_produced.py",
     "tests/http/test_takes.py",
     "tests/http/test_release_route.py",
     "tests/http/test_admin.py",
@@ -39,6 +40,7 @@ CLUSTER_SUITE = (
     "tests/webhooks/test_concurrency.py",
     "tests/webhooks/test_isolation.py",
     "tests/webhooks/test_retention.py",
+    "tests/webhooks/test_plan_events.py",
 )
 
 # What of CLUSTER_SUITE does not hold on the cluster yet, and why (README "Scaling out", "Not yet on
