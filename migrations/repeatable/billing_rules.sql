@@ -169,6 +169,27 @@ SELECT a.plan, a.subscription_status::text
 END
 $f$;
 
+-- The grant a credit purchase made, for its refund (service/billing/apply.py): by its payment (a
+-- Stripe charge names its payment intent alone) or by its reference (a RevenueCat transaction id).
+-- p_account_id NULL: of any account (on Citus every shard is asked: the refund's resolve, before the
+-- account's lock); else of that account alone (its shard), read again under the lock. A definer
+-- function because the lock and the void around it are the owner's: on Citus a read of the account's
+-- placements as the service's role after the owner wrote them is refused.
+CREATE OR REPLACE FUNCTION credit_purchased(
+    p_provider text, p_payment_ref text, p_reference text, p_account_id text
+) RETURNS TABLE (account_id text, grant_id bigint, units bigint, voided bigint)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $f$
+BEGIN
+    RETURN QUERY
+    SELECT g.account_id, g.id, g.units, coalesce(g.voided, 0)
+      FROM grants g
+     WHERE g.source = p_provider AND (g.payment_ref = p_payment_ref OR g.source_ref = p_reference)
+       AND (p_account_id IS NULL OR g.account_id = p_account_id)
+     ORDER BY g.id
+     LIMIT 1;
+END
+$f$;
+
 -- The account follows its deciding subscription (billing_deciding_subscription): its tier becomes
 -- that subscription's plan (its own tier when that maps to no plan), its status that subscription's
 -- status, and `expired` when it has no subscription left (its last one moved away: no access, like
@@ -431,5 +452,6 @@ CALL set_function_grants(
     ARRAY['billing_lock_account(text)',
           'billing_account_for_update(text)',
           'billing_set_tier(text, text, text, text, boolean, text, text, text[], text[], bigint[])',
-          'audit_event_replayed(bigint, text)'],
+          'audit_event_replayed(bigint, text)',
+          'credit_purchased(text, text, text, text)'],
     ARRAY[]::text[]);

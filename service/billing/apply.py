@@ -271,6 +271,8 @@ def _credit_purchase(
 def _purchased(
     conn: Connection, provider: str, change: CreditRefund, *, account_id: str | None
 ) -> dict[str, object] | None:
+    """The grant the refunded purchase made (credit_purchased, read as the owner: on Citus the
+    account's lock and void are the owner's), of any account (`account_id` None) or of that one."""
     params = {
         "provider": provider,
         "payment_ref": change.payment_ref,

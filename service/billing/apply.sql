@@ -87,15 +87,11 @@ SELECT created, grant_id
                     %(payment_ref)s::text)
 
 -- name: credit_purchased
--- The grant a purchase made: by its payment (a Stripe charge names its payment intent alone) or by
--- its reference (a RevenueCat transaction id), of any account (on Citus, every shard is asked).
-SELECT account_id, id AS grant_id, units, coalesce(voided, 0) AS voided
-  FROM grants
- WHERE source = %(provider)s
-   AND (payment_ref = %(payment_ref)s OR source_ref = %(reference)s)
-   AND (%(account_id)s::text IS NULL OR account_id = %(account_id)s)
- ORDER BY id
- LIMIT 1
+-- The grant a purchase made (credit_purchased, migrations/repeatable/billing_rules.sql), as the
+-- owner: of any account (`account_id` NULL; on Citus every shard is asked), or of the locked
+-- account alone.
+SELECT account_id, grant_id, units, voided
+  FROM credit_purchased(%(provider)s::text, %(payment_ref)s::text, %(reference)s::text, %(account_id)s::text)
 
 -- name: credit_void
 -- A refund's void of a purchased grant, forward-only (quota's grant_void): `units` at most (NULL:

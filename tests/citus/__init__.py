@@ -41,6 +41,7 @@ CLUSTER_SUITE = (
     "tests/webhooks/test_isolation.py",
     "tests/webhooks/test_retention.py",
     "tests/webhooks/test_plan_events.py",
+    "tests/webhooks/test_credit_purchases.py",
 )
 
 # What of CLUSTER_SUITE does not hold on the cluster yet, and why (README "Scaling out", "Not yet on

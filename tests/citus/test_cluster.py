@@ -264,6 +264,33 @@ def test_finding_a_deliverys_account_reads_the_named_accounts_shard_alone(conn):
     _assert_one_shard_per_step(conn, _explain(conn, "billing_account", params))
 
 
+def test_a_refund_finds_its_grant_on_every_shard_then_rereads_it_on_the_accounts_alone(conn, plans):
+    """credit_purchased: the refund's resolve asks every grants shard for the payment's grant; under
+    the account's lock the read names the account, so it stays on that shard (each checked on the
+    sixth call, past the five custom plans PL/pgSQL makes before it may keep a generic one)."""
+    account = new_account(conn, plans)
+    grant = {"account_id": account, "metric": "urls", "units": 10, "expires_at": None, "provider": "stripe",
+             "reference": "cs_1", "note": None, "actor": "t", "payment_ref": "pi_1"}  # fmt: skip
+    conn.execute(Q.credit_grant, grant)
+    read = {"provider": "stripe", "payment_ref": "pi_1", "reference": None}
+
+    def shards(account_id: str | None) -> set[int]:
+        params = read | {"account_id": account_id}
+        sent: list[str] = []
+        for _ in range(6):
+            sent = _commands(conn, lambda: conn.execute(Q.credit_purchased, params))
+        return {int(s) for s in re.findall(r"\bgrants_(\d+)\b", " ".join(sent))}
+
+    every = "SELECT array_agg(shardid) FROM pg_dist_shard WHERE logicalrelid = 'grants'::regclass"
+    assert shards(None) == set(conn.execute(every).fetchone()[0])
+    [holder] = conn.execute(
+        "SELECT shardid FROM pg_dist_shard WHERE logicalrelid = 'grants'::regclass"
+        " AND get_shard_id_for_distribution_column('grants', %s::text) = shardid",
+        (account,),
+    ).fetchone()
+    assert shards(account) == {holder}
+
+
 @pytest.mark.parametrize("table", ["ledger", "audit_log"])
 @pytest.mark.parametrize("change", ["UPDATE {t} SET actor = 'x'", "DELETE FROM {t}", "TRUNCATE {t}"])
 def test_append_only_on_the_shards_even_for_a_superuser(conn, plans, table, change):
