@@ -78,9 +78,10 @@ WITH granted AS (
  RETURNING ledger.id, ledger.metric, ledger.period, ledger.units, ledger.used_after, ledger.lim,
            ledger.limit_source
 )
-SELECT e.id, e.metric, e.units::bigint, e.used_after::bigint, e.lim, e.period, e.limit_source, g.alert
+SELECT e.id, e.metric, e.units::bigint, e.used_after::bigint, e.lim, e.period, e.limit_source,
+       (SELECT g.alert FROM granted g)
   INTO take_id, metric, units, used, "limit", period, limit_source, v_alert
-  FROM entry e, granted g;
+  FROM entry e;
 IF NOT FOUND THEN
     RETURN;
 END IF;
