@@ -47,7 +47,10 @@ $$;
 -- `used + units <= lim` on the latest row version under READ COMMITTED, so concurrent takes neither
 -- overshoot nor lose an update, and the ledger row is written by the same statement. A duplicate
 -- idempotency key makes the INSERT raise a unique violation, which aborts the whole statement,
--- counter update included. No row back: refused, and the caller asks why.
+-- counter update included. No row back: refused, and the caller asks why. A take that brings the
+-- counter to its alert line (quotas.alert_pct, migrations/0027) then calls quota_alert, which writes
+-- its threshold events in this transaction (migrations/repeatable/events_out.sql); any other take
+-- pays one comparison for that (bench/README.md, "Events out").
 CREATE OR REPLACE FUNCTION ledger_take(
     p_account_id text, p_metric text, p_units bigint, p_period text, p_idempotency_key text, p_actor text
 ) RETURNS TABLE (take_id bigint, metric text, units bigint, used bigint, "limit" bigint, period text,
@@ -75,13 +78,10 @@ WITH granted AS (
     SELECT g.chain_id, g.chain_at, g.chain_seq, g.account_id, g.metric, g.period, 'take', p_units, g.used, g.lim,
            g.limit_source, p_idempotency_key, p_actor, g.chain_prev, g.chain_hash
       FROM granted g
- RETURNING ledger.id, ledger.metric, ledger.period, ledger.units, ledger.used_after, ledger.lim,
-           ledger.limit_source
-)
-SELECT e.id, e.metric, e.units::bigint, e.used_after::bigint, e.lim, e.period, e.limit_source,
-       (SELECT g.alert FROM granted g)
+)  -- runs to completion whether read or not; the answer is the granted row it inserted
+SELECT g.chain_id, g.metric, p_units, g.used::bigint, g.lim, g.period, g.limit_source, g.alert
   INTO take_id, metric, units, used, "limit", period, limit_source, v_alert
-  FROM entry e;
+  FROM granted g;
 IF NOT FOUND THEN
     RETURN;
 END IF;
@@ -91,6 +91,7 @@ END IF;
 RETURN NEXT;
 END
 $f$;
+
 
 -- The idempotency key of line p_line (1-based, in metric order) of a multi-line take keyed p_key:
 -- the first line's row holds the client's key itself, so that a single take and a multi-line take

@@ -123,7 +123,10 @@ def _planned(conn: psycopg.Connection[Any], name: str) -> str:
     body = source.split("BEGIN", 1)[1].rsplit("END", 1)[0] if "BEGIN" in source else source
     if "FOR r IN" in body:  # a writer that loops over its statement's rows (ledger_admin_reset)
         body = body.split("FOR r IN", 1)[1].split("\nLOOP", 1)[0]
-    body = body.replace("RETURN QUERY", "").strip().rstrip(";")
+    body = body.replace("RETURN QUERY", "")
+    body = re.sub(r"\n\s*INTO [^\n]*", "", body)  # a writer that reads its row into variables (ledger_take)
+    body = re.sub(r"--[^\n]*", "", body)  # comments (some hold a ";")
+    body = body.split(";", 1)[0].strip()  # the statement, without what the writer does after it
     return re.sub(r"\bp_(\w+)", r"%(\1)s", body)
 
 
