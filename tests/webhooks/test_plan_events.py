@@ -28,7 +28,10 @@ def test_a_stripe_subscription_changes_the_plan_once_per_change(client: Any, key
     assert post_stripe(client, active).status_code == 200
     assert post_stripe(client, active).status_code == 200  # redelivered: nothing changes, no event
     canceled = stripe_subscription_event(
-        event_id="evt_ev1_b", created=t + 60, status="canceled", account_id="acc_ev1",
+        event_id="evt_ev1_b",
+        created=t + 60,
+        status="canceled",
+        account_id="acc_ev1",
         type_="customer.subscription.deleted",
     )
     assert post_stripe(client, canceled).status_code == 200
@@ -47,9 +50,15 @@ def test_revenuecat_purchase_then_the_expiry_job(client: Any, keys: Any, conn: A
     create_account(client, keys, "acc_ev2")
     at = now() - timedelta(minutes=5)
     week = rc_sample(
-        "non_renewing_purchase", event_id="rc-ev2", at=at, app_user_id="acc_ev2",
-        original_app_user_id="$RCAnonymousID:ev2", aliases=[], transaction_id="900000000000092",
-        original_transaction_id="900000000000092", expiration_at_ms=ms(at + timedelta(days=7)),
+        "non_renewing_purchase",
+        event_id="rc-ev2",
+        at=at,
+        app_user_id="acc_ev2",
+        original_app_user_id="$RCAnonymousID:ev2",
+        aliases=[],
+        transaction_id="900000000000092",
+        original_transaction_id="900000000000092",
+        expiration_at_ms=ms(at + timedelta(days=7)),
     )
     assert post_revenuecat(client, week).json["status"] == "applied"
     expiry.end_expired(conn, plans, at=at + timedelta(days=8))
