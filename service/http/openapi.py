@@ -46,6 +46,8 @@ def _path_parameters(metrics: list[str], features: list[str]) -> dict[str, dict[
         "take_id": ROW_ID,
         "grant_id": ROW_ID,
         "inbox_id": ROW_ID,
+        "delivery_id": ROW_ID,
+        "endpoint_id": {"type": "string", "minLength": 1, "maxLength": 128},
     }
 
 
