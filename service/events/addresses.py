@@ -46,8 +46,8 @@ def refusal(ip: Address) -> str | None:
             return refusal(inner)
     for kind, bad in (
         ("loopback", ip.is_loopback),
-        ("private", ip.is_private),
         ("link-local", ip.is_link_local),
+        ("private", ip.is_private),
         ("multicast", ip.is_multicast),
         ("unspecified", ip.is_unspecified),
         ("reserved", ip.is_reserved or not ip.is_global),
