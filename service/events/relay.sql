@@ -5,7 +5,8 @@
 -- sent, so another relay skips it, and a relay that dies mid-send releases it for another (or its
 -- own restart) to send again. `busy`: endpoints this relay already sends its cap to at once.
 SELECT d.id, d.event_id, d.endpoint_id, d.body, d.attempts, e.url, e.secret,
-       CASE WHEN e.previous_until > now() THEN e.previous_secret END AS previous_secret
+       CASE WHEN e.previous_until > now() THEN e.previous_secret END AS previous_secret,
+       e.failing_since IS NOT NULL AS failing
   FROM webhook_deliveries d
   JOIN webhook_endpoints e ON e.id = d.endpoint_id
  WHERE d.status = 'pending' AND d.next_attempt_at <= now()

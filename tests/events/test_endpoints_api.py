@@ -126,8 +126,8 @@ def test_deliveries_list_filter_page_and_retry(client, keys, conn):
     events = [emit(conn) for _ in range(3)]
     outbox.fan_out(conn)
     conn.execute(
-        "UPDATE webhook_deliveries SET status = 'delivered', attempts = 1, last_status = 200, finished_at = now() "
-        "WHERE event_id = %s",
+        "UPDATE webhook_deliveries SET status = 'delivered', attempts = 1, last_status = 200, "
+        "finished_at = now() WHERE event_id = %s",
         (events[0],),
     )
     conn.execute(

@@ -63,7 +63,7 @@ def tls_receiver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tu
     seen: list[Any] = []
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             seen.append((self.headers.get("Host"), self.rfile.read(int(self.headers["Content-Length"]))))
             self.send_response(204)
             self.end_headers()

@@ -82,6 +82,7 @@ class InvalidRequest(Error):
         values=fields.List(fields.String()),
         metadata={"description": "validation_failed: the messages per field"},
     )
+    reason = fields.String(metadata={"description": "invalid_url: why the webhook URL is refused"})
 
 
 class LineShortfall(Schema):
