@@ -39,6 +39,8 @@ CLUSTER_SUITE = (
     "tests/webhooks/test_concurrency.py",
     "tests/webhooks/test_isolation.py",
     "tests/webhooks/test_retention.py",
+    "tests/events/test_relay.py",
+    "tests/events/test_endpoints_api.py",
 )
 
 # What of CLUSTER_SUITE does not hold on the cluster yet, and why (README "Scaling out", "Not yet on
