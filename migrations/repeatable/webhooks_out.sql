@@ -19,7 +19,10 @@ $f$;
 
 -- Disable a live endpoint (`webhook_endpoint_disabled`, with the reason): nothing more is sent to it,
 -- and its waiting deliveries are failed, so that a dead endpoint's backlog ends and is purged with
--- the retention. False, and nothing written, when it is deleted or disabled already.
+-- the retention. Deliveries a relay is sending now are skipped, not waited for: a relay holding one
+-- may itself be the caller, or about to write this endpoint's row, and waiting would deadlock; the
+-- relay's purge fails what is left (outbox_fail_orphans). False, and nothing written, when it is
+-- deleted or disabled already.
 CREATE OR REPLACE FUNCTION webhook_endpoint_disable(p_id text, p_reason text, p_actor text)
 RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $f$
@@ -31,7 +34,8 @@ BEGIN
     END IF;
     UPDATE webhook_deliveries d
        SET status = 'failed', finished_at = now(), last_error = 'endpoint disabled: ' || p_reason
-     WHERE d.endpoint_id = p_id AND d.status = 'pending';
+     WHERE d.id IN (SELECT w.id FROM webhook_deliveries w
+                     WHERE w.endpoint_id = p_id AND w.status = 'pending' FOR UPDATE SKIP LOCKED);
     PERFORM audit_append(p_actor, 'webhook_endpoint_disabled', '', NULL, jsonb_build_object('enabled', true),
                          jsonb_build_object('id', p_id, 'enabled', false, 'reason', p_reason));
     RETURN true;
@@ -39,7 +43,7 @@ END
 $f$;
 
 -- Delete an endpoint (`webhook_endpoint_deleted`): the row stays, marked, for its deliveries' sake;
--- its waiting deliveries are failed. NULL: no such endpoint; false: deleted already (nothing written).
+-- its waiting deliveries are failed (those being sent now skipped, as by webhook_endpoint_disable). NULL: no such endpoint; false: deleted already (nothing written).
 CREATE OR REPLACE FUNCTION webhook_endpoint_delete(p_id text, p_actor text) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $f$
 DECLARE
@@ -57,7 +61,8 @@ BEGIN
     UPDATE webhook_endpoints e SET deleted_at = now(), enabled = false WHERE e.id = p_id;
     UPDATE webhook_deliveries d
        SET status = 'failed', finished_at = now(), last_error = 'endpoint deleted'
-     WHERE d.endpoint_id = p_id AND d.status = 'pending';
+     WHERE d.id IN (SELECT w.id FROM webhook_deliveries w
+                     WHERE w.endpoint_id = p_id AND w.status = 'pending' FOR UPDATE SKIP LOCKED);
     PERFORM audit_append(p_actor, 'webhook_endpoint_deleted', '', NULL,
                          jsonb_build_object('id', p_id, 'url', v_url, 'events', to_jsonb(v_events)),
                          'null');

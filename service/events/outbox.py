@@ -70,12 +70,15 @@ def fan_out(conn: Connection) -> int | None:
 
 @dataclass(frozen=True)
 class Purged:
+    orphans: int  # waiting deliveries of a disabled or deleted endpoint, failed now
     deliveries: int
     events: int
 
 
 def purge(conn: Connection, *, keep: timedelta) -> Purged:
-    """Remove finished deliveries and fanned-out events older than `keep` (the retention)."""
+    """Fail what waits for an endpoint that is gone, then remove finished deliveries and fanned-out
+    events older than `keep` (the retention)."""
+    orphans = conn.execute(Q.outbox_fail_orphans).rowcount
     deliveries = conn.execute(Q.outbox_purge_deliveries, {"keep": keep}).rowcount
     events = conn.execute(Q.outbox_purge_events, {"keep": keep}).rowcount
-    return Purged(deliveries=deliveries, events=events)
+    return Purged(orphans=orphans, deliveries=deliveries, events=events)

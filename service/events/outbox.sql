@@ -29,6 +29,16 @@ ON CONFLICT (event_id, endpoint_id) DO NOTHING
 -- shard.
 UPDATE event_outbox SET fanned_out = true WHERE account_id = %(account_id)s AND id = ANY (%(ids)s)
 
+-- name: outbox_fail_orphans
+-- Waiting deliveries of an endpoint disabled or deleted while they were being sent (the functions
+-- that disable and delete skip those): failed, so that they finish and are purged.
+UPDATE webhook_deliveries d
+   SET status = 'failed', finished_at = now(), last_error = 'endpoint disabled or deleted'
+ WHERE d.id IN (SELECT w.id
+                  FROM webhook_deliveries w JOIN webhook_endpoints e ON e.id = w.endpoint_id
+                 WHERE w.status = 'pending' AND NOT (e.enabled AND e.deleted_at IS NULL)
+                   FOR UPDATE OF w SKIP LOCKED)
+
 -- name: outbox_purge_deliveries
 DELETE FROM webhook_deliveries WHERE status <> 'pending' AND finished_at < now() - %(keep)s::interval
 

@@ -213,8 +213,13 @@ class Relay:
 
     def purge(self, conn: Connection) -> None:
         purged = outbox.purge(conn, keep=timedelta(days=self.settings.webhook_out_retention_days))
-        if purged.deliveries or purged.events:
-            log.info("purged %d finished deliveries and %d events", purged.deliveries, purged.events)
+        if purged.orphans or purged.deliveries or purged.events:
+            log.info(
+                "purged %d finished deliveries and %d events; failed %d waiting for a gone endpoint",
+                purged.deliveries,
+                purged.events,
+                purged.orphans,
+            )
 
     def _threads(self, *, until_idle: bool) -> list[threading.Thread]:
         threads = [

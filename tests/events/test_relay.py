@@ -304,3 +304,43 @@ def test_the_body_is_the_stored_bytes(conn, relay_settings, receiver):
     stored = delivery(conn, event, endpoint.id)["body"]
     assert receiver.requests[0][1] == stored.encode()
     assert json.loads(stored)["type"] == "quota.threshold_crossed"
+
+
+def test_deleting_an_endpoint_mid_send_waits_for_nothing(conn, relay_settings, receiver):
+    endpoint = add_endpoint(conn, receiver.url)
+    sent, waiting = emit(conn), emit(conn)
+    outbox.fan_out(conn)
+    conn.execute(
+        "UPDATE webhook_deliveries SET next_attempt_at = now() + interval '1 h' WHERE event_id = %s",
+        (waiting,),
+    )
+    receiver.hold = True
+    r = relay(relay_settings, workers=1)
+    t = threading.Thread(target=r.run)
+    t.start()
+    try:
+        receiver.wait_for(1)  # the relay holds `sent`'s row while the receiver holds the request
+        started = time.monotonic()
+        endpoints.delete(conn, endpoint_id=endpoint.id, actor="test")
+        assert time.monotonic() - started < 1.0
+        assert delivery(conn, waiting, endpoint.id)["last_error"] == "endpoint deleted"
+        receiver.release()
+        deadline = time.monotonic() + 10
+        while delivery(conn, sent, endpoint.id)["attempts"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        receiver.release()
+        r.stop.set()
+        t.join(30)
+    assert delivery(conn, sent, endpoint.id)["status"] == "delivered"  # the attempt in flight is recorded
+
+
+def test_the_purge_fails_what_waits_for_an_endpoint_that_is_gone(conn, relay_settings, receiver):
+    endpoint = add_endpoint(conn, receiver.url)
+    event = emit(conn)
+    outbox.fan_out(conn)
+    conn.execute("UPDATE webhook_endpoints SET enabled = false")  # as if disabled while it was sent
+    purged = outbox.purge(conn, keep=timedelta(days=7))
+    assert (purged.orphans, purged.deliveries, purged.events) == (1, 0, 0)
+    d = delivery(conn, event, endpoint.id)
+    assert (d["status"], d["last_error"]) == ("failed", "endpoint disabled or deleted")
