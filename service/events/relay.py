@@ -197,6 +197,8 @@ class Relay:
                 if conn is not None:
                     conn.close()
                 conn = None
+            except Exception:  # a bug: the attempt's transaction rolled back; the worker goes on
+                log.exception("relay worker: unexpected error")
             self.stop.wait(self.poll)
         if conn is not None:
             conn.close()

@@ -344,3 +344,17 @@ def test_the_purge_fails_what_waits_for_an_endpoint_that_is_gone(conn, relay_set
     assert (purged.orphans, purged.deliveries, purged.events) == (1, 0, 0)
     d = delivery(conn, event, endpoint.id)
     assert (d["status"], d["last_error"]) == ("failed", "endpoint disabled or deleted")
+
+
+def test_a_receiver_that_answers_too_late_is_a_failed_attempt(conn, relay_settings, receiver, monkeypatch):
+    from service.events import transport
+
+    monkeypatch.setattr(transport, "TIMEOUT", 0.5)  # 10 s in production
+    endpoint = add_endpoint(conn, receiver.url)
+    event = emit(conn)
+    receiver.hold = True
+    relay(dataclasses.replace(relay_settings, webhook_out_retry_schedule=(3600,))).once()
+    receiver.release()
+    d = delivery(conn, event, endpoint.id)
+    assert (d["status"], d["attempts"], d["last_status"]) == ("pending", 1, None)
+    assert "timed out" in d["last_error"].lower()
