@@ -83,36 +83,52 @@ def attempt(conn: Connection, settings: Settings, row: Claimed, rng: random.Rand
     outcome = transport.post(
         row.url, row.body.encode(), headers, allow_private=settings.webhook_out_allow_private
     )
-    stats = Stats()
+    stats = record(conn, row, outcome, schedule=settings.webhook_out_retry_schedule, rng=rng)
+    if not outcome.ok or row.failing:  # else nothing to tell the endpoint's row: a round trip saved
+        stats.disabled = int(tell_endpoint(conn, row, outcome))
+    return stats
+
+
+def record(
+    conn: Connection,
+    row: Claimed,
+    outcome: transport.Outcome,
+    *,
+    schedule: tuple[float, ...],
+    rng: random.Random,
+) -> Stats:
+    """The delivery's row after an attempt: delivered, due again after the schedule's next wait, or
+    failed (the schedule ran out, or 410 Gone)."""
+    msg_id = signing.webhook_id(row.event_id)
     if outcome.ok:
         conn.execute(Q.relay_delivered, {"id": row.id, "status": outcome.status})
-        stats.delivered = 1
         log.debug("delivered %s to %s (%s)", msg_id, row.endpoint_id, outcome.status)
-    else:
-        wait = (
-            None if outcome.gone else retry_wait(settings.webhook_out_retry_schedule, row.attempts + 1, rng)
-        )
-        conn.execute(
-            Q.relay_failed_attempt,
-            {
-                "id": row.id,
-                "status": outcome.status,
-                "error": outcome.error,
-                "final": wait is None,
-                "wait": timedelta(seconds=wait or 0),
-            },
-        )
-        stats.failed_attempts, stats.failed = 1, int(wait is None)
-        log.info(
-            "attempt %d of %s to %s failed: %s; %s",
-            row.attempts + 1,
-            msg_id,
-            row.endpoint_id,
-            outcome.error,
-            "failed for good" if wait is None else f"next in {wait:.0f} s",
-        )
-    if outcome.ok and not row.failing:
-        return stats  # nothing to tell the endpoint's row: a round trip saved per delivery
+        return Stats(delivered=1)
+    wait = None if outcome.gone else retry_wait(schedule, row.attempts + 1, rng)
+    conn.execute(
+        Q.relay_failed_attempt,
+        {
+            "id": row.id,
+            "status": outcome.status,
+            "error": outcome.error,
+            "final": wait is None,
+            "wait": timedelta(seconds=wait or 0),
+        },
+    )
+    log.info(
+        "attempt %d of %s to %s failed: %s; %s",
+        row.attempts + 1,
+        msg_id,
+        row.endpoint_id,
+        outcome.error,
+        "failed for good" if wait is None else f"next in {wait:.0f} s",
+    )
+    return Stats(failed_attempts=1, failed=int(wait is None))
+
+
+def tell_endpoint(conn: Connection, row: Claimed, outcome: transport.Outcome) -> bool:
+    """What the attempt says about its endpoint (webhook_endpoint_attempted): a success ends its run
+    of failures; a 410, or failures for FAILING_FOR, disable it. True when it was disabled now."""
     disabled = conn.execute(
         Q.relay_endpoint_attempted,
         {
@@ -124,9 +140,9 @@ def attempt(conn: Connection, settings: Settings, row: Claimed, rng: random.Rand
         },
     ).fetchone()
     if disabled and disabled[0]:
-        stats.disabled = 1
         log.warning("endpoint %s disabled: %s", row.endpoint_id, disabled[0])
-    return stats
+        return True
+    return False
 
 
 class Relay:
