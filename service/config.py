@@ -24,6 +24,9 @@ DEFAULT_PLANS_FILE = shipped("plans.toml")
 # applies both, and must be said as explicitly as the others where webhooks are served.
 WEBHOOK_ENVIRONMENTS = ("production", "sandbox")
 WEBHOOK_ENVIRONMENT_ANY = "any"
+# The relay's waits before each retry of a failed delivery, in seconds (docs/events.md): 5 s, 5 min,
+# 30 min, 2 h, 5 h, 10 h, 24 h; each stretched or shrunk by up to RETRY_JITTER at random.
+DEFAULT_RETRY_SCHEDULE = (5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 86400.0)
 _SWITCH = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
 
 
@@ -73,6 +76,13 @@ class Settings:
     console_secret_key: str = ""
     # A console session ends after this many minutes without a request.
     console_idle_minutes: float = 30.0
+    # Events out (docs/events.md). True lets webhook endpoints be http and reach loopback, private and
+    # other reserved addresses: for development and tests only, never in production.
+    webhook_out_allow_private: bool = False
+    # The waits before the retries of a failed delivery (seconds); after the last, it is failed.
+    webhook_out_retry_schedule: tuple[float, ...] = DEFAULT_RETRY_SCHEDULE
+    # Finished deliveries and fanned-out events are purged after this many days.
+    webhook_out_retention_days: int = 7
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, *, serving: bool = False) -> Settings:
@@ -99,6 +109,11 @@ class Settings:
             raise RuntimeError(
                 f"DB_PREPARED_STATEMENTS must be on or off, not {e['DB_PREPARED_STATEMENTS']!r}"
             )
+        allow_private = e.get("WEBHOOK_OUT_ALLOW_PRIVATE", "off").strip().lower()
+        if allow_private not in _SWITCH:
+            raise RuntimeError(
+                f"WEBHOOK_OUT_ALLOW_PRIVATE must be true or false, not {e['WEBHOOK_OUT_ALLOW_PRIVATE']!r}"
+            )
         return cls(
             database_url=url,
             redis_url=e.get("REDIS_URL", cls.redis_url),
@@ -121,6 +136,11 @@ class Settings:
             inbox_unmatched_limit=_count(e, "INBOX_UNMATCHED_LIMIT", cls.inbox_unmatched_limit, minimum=1),
             console_secret_key=e.get("CONSOLE_SECRET_KEY", ""),
             console_idle_minutes=_minutes(e, "CONSOLE_IDLE_MINUTES", cls.console_idle_minutes),
+            webhook_out_allow_private=_SWITCH[allow_private],
+            webhook_out_retry_schedule=_schedule(e, "WEBHOOK_OUT_RETRY_SCHEDULE", DEFAULT_RETRY_SCHEDULE),
+            webhook_out_retention_days=_count(
+                e, "WEBHOOK_OUT_RETENTION_DAYS", cls.webhook_out_retention_days, minimum=1
+            ),
         )
 
 
@@ -146,3 +166,20 @@ def _count(env: Mapping[str, str], name: str, default: int, *, minimum: int = 0)
     if not raw.isdigit() or int(raw) < minimum:
         raise RuntimeError(f"{name} must be a whole number >= {minimum}, not {raw!r}")
     return int(raw)
+
+
+def _schedule(env: Mapping[str, str], name: str, default: tuple[float, ...]) -> tuple[float, ...]:
+    """Comma-separated finite seconds >= 0 (at most a day's worth of entries), or `default` when
+    unset; an empty list is not a schedule (a delivery that fails once would never be retried)."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        waits = tuple(float(part) for part in raw.split(","))
+    except ValueError:
+        waits = (math.nan,)
+    if len(waits) > 100 or not all(math.isfinite(w) and 0 <= w <= 30 * 86400 for w in waits):
+        raise RuntimeError(
+            f"{name} must be seconds, comma-separated, each 0 to 2592000 (at most 100), not {raw!r}"
+        )
+    return waits

@@ -162,3 +162,39 @@ class UnknownEvent(QuotaError):
 
     code = "unknown_event"
     status = 404
+
+
+class InvalidUrl(QuotaError):
+    """The webhook endpoint's URL is refused: not https, or naming (or resolving to) a loopback,
+    private, link-local or otherwise reserved address; `reason` says which."""
+
+    code = "invalid_url"
+    status = 422
+
+
+class UnknownEndpoint(QuotaError):
+    """No webhook endpoint has this id (a deleted one included)."""
+
+    code = "unknown_endpoint"
+    status = 404
+
+
+class UnknownDelivery(QuotaError):
+    """No webhook delivery has this id."""
+
+    code = "unknown_delivery"
+    status = 404
+
+
+class AlreadyDelivered(QuotaError):
+    """This delivery was delivered; there is nothing to retry."""
+
+    code = "already_delivered"
+    status = 409
+
+
+class EndpointDisabled(QuotaError):
+    """The delivery's endpoint is disabled or deleted: nothing is sent to it any more."""
+
+    code = "endpoint_disabled"
+    status = 409

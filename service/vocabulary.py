@@ -93,6 +93,24 @@ class PurgeReason(StrEnum):
     OVER_BOUND = "over_bound"  # unmatched events over INBOX_UNMATCHED_LIMIT
 
 
+class EventType(StrEnum):
+    """What the service tells product services (docs/events.md): an event_outbox row's type, and the
+    types a webhook endpoint subscribes to."""
+
+    THRESHOLD_CROSSED = "quota.threshold_crossed"
+    PLAN_CHANGED = "account.plan_changed"
+    CREDITS_GRANTED = "credits.granted"
+    CREDITS_VOIDED = "credits.voided"
+
+
+class DeliveryStatus(StrEnum):
+    """Where an event's delivery to one endpoint stands: waiting for its next attempt, or finished."""
+
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    FAILED = "failed"  # the retry schedule ran out, or the endpoint was disabled or deleted
+
+
 class LimitSource(StrEnum):
     """Which rule set a counter's effective limit (the quotas table computes it)."""
 

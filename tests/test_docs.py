@@ -68,8 +68,10 @@ def test_configuration_table_matches_settings() -> None:
 def test_each_setting_is_read_from_its_variable() -> None:
     """The table's names are the variables `Settings.from_env` reads: each, set alone, changes its
     setting (a setting of a type this test does not know must at least be named in config.py)."""
-    samples = {"int": "7", "float": "7.5", "bool": "off", "Path": "elsewhere.toml", "str": "x"}
-    samples |= {"tuple[str, ...]": "a,b", "str | None": "sandbox"}
+    # Two values of each type, so that one of them differs from any default.
+    samples = {"int": ("7", "9"), "float": ("7.5",), "bool": ("off", "on"), "Path": ("elsewhere.toml",)}
+    samples |= {"str": ("x",), "tuple[str, ...]": ("a,b",), "str | None": ("sandbox",)}
+    samples |= {"tuple[float, ...]": ("1,2",)}
     base = {"DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"}
     default = Settings.from_env(base)
     source = (ROOT / "service" / "config.py").read_text()
@@ -77,12 +79,12 @@ def test_each_setting_is_read_from_its_variable() -> None:
         name = f.name.upper()
         if name == "DATABASE_URL":
             continue
-        sample = samples.get(str(f.type))
-        if sample is None:
+        values = samples.get(str(f.type))
+        if values is None:
             assert f'"{name}"' in source, f"Settings.{f.name} is not read from {name}"
             continue
-        changed = Settings.from_env({**base, name: sample})
-        assert getattr(changed, f.name) != getattr(default, f.name), f"{name} does not set Settings.{f.name}"
+        changed = [getattr(Settings.from_env({**base, name: v}), f.name) for v in values]
+        assert any(c != getattr(default, f.name) for c in changed), f"{name} does not set Settings.{f.name}"
 
 
 def test_other_variables_are_still_read_where_the_table_says() -> None:

@@ -605,6 +605,7 @@ ENVIRONMENT: dict[str, tuple[str, ...]] = {
     "convert-metric": (_DB, "PLANS_FILE"),
     "expire-access": (_DB, "PLANS_FILE"),
     "inbox": (_DB,),
+    "relay": (_DB, "WEBHOOK_OUT_ALLOW_PRIVATE", "WEBHOOK_OUT_RETRY_SCHEDULE", "WEBHOOK_OUT_RETENTION_DAYS"),
 }
 
 
@@ -685,10 +686,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--access-log", action="store_true", help="log every request")
     serve.set_defaults(func=cmd_serve)
 
-    from service.cli import dev, webhooks
+    from service.cli import dev, relay, webhooks
 
     dev.add_parser(sub)
     webhooks.add_parser(sub)
+    relay.add_parser(sub)
 
     worker = sub.add_parser("worker", help="run a Celery worker (reset, catch-up, plan sync)")
     worker.add_argument("--concurrency", type=int, default=0, help="processes; 0: one per CPU")

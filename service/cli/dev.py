@@ -1,7 +1,7 @@
 """`quota-ledger dev`: the local supervisor. It starts embedded Postgres and Redis where no URL is
-given, migrates, reissues one key per role, and runs web, worker and beat until Ctrl-C or until one
-of them exits. The children's output goes to a log file; the banner (keys, URLs, what to try) comes
-last, once every part answers."""
+given, migrates, reissues one key per role, and runs web, worker, beat and the events relay until
+Ctrl-C or until one of them exits. The children's output goes to a log file; the banner (keys,
+URLs, what to try) comes last, once every part answers."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ DEV_REVENUECAT_AUTH = "Bearer quota-ledger-dev"
 READY_TIMEOUT = 90.0  # seconds for web, worker and beat to answer after they start
 STOP_GRACE = 5.0  # seconds the children have to stop after Ctrl-C before they are killed
 PR_SET_PDEATHSIG = 1  # prctl(2)
+RELAY_STARTED = b"relay running:"  # the relay's log line once its loop runs (service/events/relay.py)
 BEAT_STARTED = (
     b"beat: Starting..."  # Celery beat's log line once its scheduler runs (a worker's: "NAME ready.")
 )
@@ -69,6 +70,9 @@ def cmd_dev(args: argparse.Namespace) -> int:
     env["REVENUECAT_WEBHOOK_AUTH"] = env.get("REVENUECAT_WEBHOOK_AUTH") or DEV_REVENUECAT_AUTH
     # The console's cookies are signed with a key made for this run: its sessions end with it.
     env["CONSOLE_SECRET_KEY"] = env.get("CONSOLE_SECRET_KEY") or token_urlsafe(32)
+    # Webhook endpoints on this machine (http://127.0.0.1:...) may receive events out: for local
+    # development only; never set in production (README, docs/events.md).
+    env["WEBHOOK_OUT_ALLOW_PRIVATE"] = env.get("WEBHOOK_OUT_ALLOW_PRIVATE") or "true"
     handles = _dev_services(env)
     os.environ.update(env)
     settings = _settings()
@@ -115,7 +119,9 @@ quota-ledger dev is running at {base}   (Ctrl-C stops everything)
   plans:    {settings.plans_file}
   database: {settings.database_url}  (web, worker and beat connect as {DEV_ROLE}, a member of quota_app)
   redis:    {settings.redis_url}
-  log:      {log}  (web, worker and beat)
+  log:      {log}  (web, worker, beat and relay)
+  events:   the relay delivers events out to webhook endpoints (docs/events.md); local ones too:
+            WEBHOOK_OUT_ALLOW_PRIVATE={env["WEBHOOK_OUT_ALLOW_PRIVATE"]} (never in production)
   webhooks: WEBHOOK_ENVIRONMENT={env["WEBHOOK_ENVIRONMENT"]}
             STRIPE_WEBHOOK_SECRETS={shlex.quote(secrets)}
             REVENUECAT_WEBHOOK_AUTH={shlex.quote(rc_auth)}
@@ -151,16 +157,17 @@ class _Signals:
 
 
 def _start_children(env: dict[str, str], bind: str, log: IO[bytes]) -> dict[str, subprocess.Popen[bytes]]:
-    """web, worker and beat, each in a session of its own: a terminal's Ctrl-C reaches only `dev`,
-    which then sends each child exactly one SIGTERM (a gunicorn worker that gets the terminal's
-    SIGINT and then its master's SIGTERM can hang inside its own shutdown), and can kill each
-    child's whole process group if it does not stop in time."""
+    """web, worker, beat and relay, each in a session of its own: a terminal's Ctrl-C reaches only
+    `dev`, which then sends each child exactly one SIGTERM (a gunicorn worker that gets the
+    terminal's SIGINT and then its master's SIGTERM can hang inside its own shutdown), and can kill
+    each child's whole process group if it does not stop in time."""
     cli = [sys.executable, "-m", "service.cli"]
     schedule = str((DEV_DIR / "celerybeat-schedule").resolve())
     commands = {
         "web": [*cli, "serve", "--bind", bind, "--workers", "2"],
         "worker": [*cli, "worker", "--concurrency", "1", "--pool", "solo", "--hostname", _worker_name()],
         "beat": [*cli, "beat", "--schedule", schedule],
+        "relay": [*cli, "relay", "--workers", "2"],
     }
     return {
         name: subprocess.Popen(
@@ -191,8 +198,8 @@ def _worker_name() -> str:
 def _wait_ready(
     procs: dict[str, subprocess.Popen[bytes]], base: str, log: Path, signals: _Signals
 ) -> str | None:
-    """Until web answers /readyz and the worker and beat have logged that they run (read from the
-    log rather than asked over the broker: a client left connected keeps an embedded Redis from
+    """Until web answers /readyz and the worker, beat and relay have logged that they run (read from
+    the log rather than asked over the broker: a client left connected keeps an embedded Redis from
     shutting down); None then, else what failed (a child that exited, or a part that did not
     answer in READY_TIMEOUT)."""
     import urllib.request
@@ -201,6 +208,7 @@ def _wait_ready(
         "web": lambda: urllib.request.urlopen(f"{base}/readyz", timeout=1).status == 200,
         "worker": lambda: f"{_worker_name()} ready.".encode() in log.read_bytes(),
         "beat": lambda: BEAT_STARTED in log.read_bytes(),
+        "relay": lambda: RELAY_STARTED in log.read_bytes(),
     }
     deadline = time.monotonic() + READY_TIMEOUT
     while waiting and not signals.count:

@@ -26,6 +26,7 @@ def build_app(settings: Settings | None = None) -> Flask:
         inbound,
         index,
         metrics,
+        webhook_endpoints,
         webhooks,
     )
 
@@ -46,7 +47,16 @@ def build_app(settings: Settings | None = None) -> Flask:
     metrics.init_app(app)  # first of the before_request hooks, so that every answer is timed
     gauges.init_app(app)
     inbound.init_app(app)
-    for bp in (accounts.bp, admin.bp, finance.bp, health.bp, events.bp, webhooks.bp, index.bp):
+    for bp in (
+        accounts.bp,
+        admin.bp,
+        finance.bp,
+        health.bp,
+        events.bp,
+        webhook_endpoints.bp,
+        webhooks.bp,
+        index.bp,
+    ):
         app.register_blueprint(bp)
     console.init_app(app, settings)
     return app

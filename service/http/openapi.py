@@ -20,7 +20,7 @@ from apispec_webframeworks.flask import FlaskPlugin
 from flask import Flask
 from marshmallow import Schema, fields
 
-from service.errors import IdempotencyKeyReused, QuotaExhausted
+from service.errors import IdempotencyKeyReused, InvalidUrl, QuotaExhausted
 from service.http.errors import EVERY_ROUTE, Forbidden, NotFound, Refusal, Unauthorized, ValidationFailed
 from service.http.inbound import MAX_BIGINT
 from service.http.runtime import Runtime
@@ -46,12 +46,15 @@ def _path_parameters(metrics: list[str], features: list[str]) -> dict[str, dict[
         "take_id": ROW_ID,
         "grant_id": ROW_ID,
         "inbox_id": ROW_ID,
+        "delivery_id": ROW_ID,
+        "endpoint_id": {"type": "string", "minLength": 1, "maxLength": 128},
     }
 
 
 # The refusals whose body carries more than `error` and `message`; the others answer rs.Error.
 BODIES: dict[Refusal, type[Schema]] = {
     ValidationFailed: rs.InvalidRequest,  # `fields`
+    InvalidUrl: rs.InvalidRequest,  # `reason`
     QuotaExhausted: rs.Conflict,  # the counter as it stood
     IdempotencyKeyReused: rs.Conflict,  # the earlier take
 }

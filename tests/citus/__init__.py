@@ -42,6 +42,8 @@ CLUSTER_SUITE = (
     "tests/webhooks/test_retention.py",
     "tests/webhooks/test_plan_events.py",
     "tests/webhooks/test_credit_purchases.py",
+    "tests/events/test_relay.py",
+    "tests/events/test_endpoints_api.py",
 )
 
 # What of CLUSTER_SUITE does not hold on the cluster yet, and why (README "Scaling out", "Not yet on

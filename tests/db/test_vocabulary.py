@@ -24,6 +24,8 @@ WORD_LISTS: dict[str, type[StrEnum] | frozenset[str]] = {
     "ledger_kind": v.LedgerKind,
     "webhook_events_purged.reason": v.PurgeReason,
     "grants.source": v.GrantSource,
+    "event_outbox.type": v.EventType,
+    "webhook_deliveries.status": v.DeliveryStatus,
 }
 # Word lists of the database's own, which no code outside SQL names.
 SQL_ONLY = {"job_runs.status"}  # the monthly reset's run bookkeeping (running, done)

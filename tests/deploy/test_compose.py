@@ -162,3 +162,20 @@ def test_the_beat_healthcheck_follows_its_state_file(tmp_path: Path) -> None:
     stale = time.time() - 3600
     os.utime(state, (stale, stale))
     assert subprocess.run(check, timeout=30).returncode != 0  # beat stopped writing it
+
+
+def test_the_relay_healthcheck_follows_its_heartbeat(tmp_path: Path) -> None:
+    relay = services()["relay"]
+    assert relay["command"][:2] == ["quota-ledger", "relay"]
+    kind, python, *args = relay["healthcheck"]["test"]
+    assert (kind, python) == ("CMD", "python")
+    heartbeat = str(build_parser().parse_args(relay["command"][1:]).heartbeat)
+    assert f"'{heartbeat}'" in args[-1]  # the check reads the file the relay touches
+    beat = tmp_path / "relay-alive"
+    check = [sys.executable, *(a.replace(heartbeat, str(beat)) for a in args)]
+    assert subprocess.run(check, timeout=30).returncode != 0  # not started
+    beat.touch()
+    assert subprocess.run(check, timeout=30).returncode == 0
+    stale = time.time() - 3600
+    os.utime(beat, (stale, stale))
+    assert subprocess.run(check, timeout=30).returncode != 0  # the relay's loop stopped

@@ -9,6 +9,7 @@ from service.keys import create_key, revoke_key
 from tests.http.conftest import assert_error
 
 SAMPLE = {"id": "acc-1", "metric": "urls", "feature": "sso", "take_id": "1", "inbox_id": "1", "grant_id": "1"}
+SAMPLE |= {"endpoint_id": "we_1", "delivery_id": "1"}
 
 
 def _v1_routes(app):

@@ -8,6 +8,7 @@ from typing import Any
 
 from marshmallow import INCLUDE, Schema, ValidationError, fields, validate, validates_schema
 
+from service.events.addresses import MAX_URL
 from service.http.inbound import MAX_BIGINT
 from service.http.schemas.fields import (
     ACCOUNT_ID,
@@ -26,7 +27,15 @@ from service.http.schemas.fields import (
 )
 from service.quota.history import MAX_DAYS as MAX_HISTORY_DAYS
 from service.quota.takes import MAX_LINES
-from service.vocabulary import ACCOUNT_ID_PATTERN, AccountKind, InboxStatus, LedgerKind, Provider
+from service.vocabulary import (
+    ACCOUNT_ID_PATTERN,
+    AccountKind,
+    DeliveryStatus,
+    EventType,
+    InboxStatus,
+    LedgerKind,
+    Provider,
+)
 
 # The most takes one batch request may carry.
 MAX_ITEMS = 1000
@@ -200,6 +209,26 @@ class EventsQuery(PageQuery):
     provider = fields.String(validate=one_of(Provider))
 
 
+class WebhookEndpointCreate(Schema):
+    """A webhook endpoint: where events of these types are sent (docs/events.md)."""
+
+    url = Text(
+        required=True,
+        validate=validate.Length(min=1, max=MAX_URL),
+        metadata={"description": "https, on a public address (else 422 invalid_url with the reason)"},
+    )
+    events = fields.List(
+        fields.String(validate=one_of(EventType)),
+        required=True,
+        validate=validate.Length(min=1, max=len(EventType)),
+        metadata={"description": "the event types to send; each once"},
+    )
+
+
+class DeliveriesQuery(PageQuery):
+    status = fields.String(validate=one_of(DeliveryStatus))
+
+
 class PeriodQuery(Schema):
     period = fields.String(required=True, validate=LEDGER_PERIOD)
 
@@ -261,3 +290,5 @@ LEDGER_QUERY = LedgerQuery()
 AUDIT_QUERY = AuditQuery()
 EVENTS_QUERY = EventsQuery()
 PERIOD_QUERY = PeriodQuery()
+WEBHOOK_ENDPOINT_CREATE = WebhookEndpointCreate()
+DELIVERIES_QUERY = DeliveriesQuery()

@@ -11,6 +11,8 @@ from marshmallow import Schema, fields, validate
 from service.http.schemas.fields import one_of
 from service.vocabulary import (
     AccountKind,
+    DeliveryStatus,
+    EventType,
     GrantSource,
     InboxStatus,
     LedgerKind,
@@ -80,6 +82,7 @@ class InvalidRequest(Error):
         values=fields.List(fields.String()),
         metadata={"description": "validation_failed: the messages per field"},
     )
+    reason = fields.String(metadata={"description": "invalid_url: why the webhook URL is refused"})
 
 
 class LineShortfall(Schema):
@@ -386,6 +389,56 @@ class EventsPage(Page):
     items = fields.List(fields.Nested(StoredEvent))
 
 
+class WebhookEndpoint(Schema):
+    """A webhook endpoint, without its secret."""
+
+    id = fields.String()
+    url = fields.String()
+    events = fields.List(fields.String(validate=one_of(EventType)))
+    enabled = fields.Boolean(
+        metadata={"description": "false once disabled (a 410 Gone, or 5 days of failures)"}
+    )
+    disabled_reason = fields.String(allow_none=True)
+    created_at = fields.DateTime()
+    previous_secret_until = fields.DateTime(
+        allow_none=True, metadata={"description": "while a rotated secret still signs too"}
+    )
+
+
+class WebhookEndpoints(Schema):
+    items = fields.List(fields.Nested(WebhookEndpoint), metadata={"description": "oldest first"})
+
+
+class WebhookEndpointSecret(Schema):
+    """An endpoint with its secret: answered once, at creation or rotation, and never again."""
+
+    id = fields.String()
+    url = fields.String()
+    events = fields.List(fields.String(validate=one_of(EventType)))
+    enabled = fields.Boolean()
+    secret = fields.String(metadata={"description": "whsec_ and base64: the Standard Webhooks secret"})
+    previous_secret_until = fields.DateTime(
+        allow_none=True, metadata={"description": "after a rotation: until when the old secret signs too"}
+    )
+
+
+class WebhookDelivery(Schema):
+    id = fields.Integer()
+    event_id = fields.Integer(metadata={"description": "webhook-id is evt_<event_id>"})
+    type = fields.String(validate=one_of(EventType))
+    status = fields.String(validate=one_of(DeliveryStatus))
+    attempts = fields.Integer()
+    last_status = fields.Integer(allow_none=True, metadata={"description": "the last answer's HTTP status"})
+    last_error = fields.String(allow_none=True)
+    next_attempt_at = fields.DateTime(metadata={"description": "when pending: the next attempt"})
+    created_at = fields.DateTime()
+    finished_at = fields.DateTime(allow_none=True)
+
+
+class WebhookDeliveriesPage(Page):
+    items = fields.List(fields.Nested(WebhookDelivery), metadata={"description": "newest first"})
+
+
 class Mismatch(Schema):
     account_id = fields.String()
     metric = fields.String()
@@ -476,6 +529,11 @@ STORED_EVENT = StoredEvent()
 LEDGER_PAGE = LedgerPage()
 AUDIT_PAGE = AuditPage()
 EVENTS_PAGE = EventsPage()
+WEBHOOK_ENDPOINT = WebhookEndpoint()
+WEBHOOK_ENDPOINTS = WebhookEndpoints()
+WEBHOOK_ENDPOINT_SECRET = WebhookEndpointSecret()
+WEBHOOK_DELIVERY = WebhookDelivery()
+WEBHOOK_DELIVERIES_PAGE = WebhookDeliveriesPage()
 RECONCILIATION = ReconciliationResponse()
 WEBHOOK_RECEIPT = WebhookReceipt()
 HEALTH = Health()
