@@ -27,8 +27,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def cmd_relay(args: argparse.Namespace) -> int:
-    from service.cli import UsageError
+    from service.cli import UsageError, _connect, _job_plans
     from service.events.relay import Relay
+    from service.quota.alerts import sync_thresholds
 
     settings = _settings()
     logging.basicConfig(
@@ -38,6 +39,10 @@ def cmd_relay(args: argparse.Namespace) -> int:
         logging.getLogger(__name__).warning(
             "WEBHOOK_OUT_ALLOW_PRIVATE is on: webhooks may reach internal addresses (never in production)"
         )
+    # The plan file's thresholds reach the takes with the plan sync; the relay's start copies them
+    # too, so a deployment that runs a relay fires them from its first minute (service/quota/alerts.py).
+    with _connect(settings) as conn:
+        sync_thresholds(conn, _job_plans(settings))
     try:
         relay = Relay(
             settings, workers=args.workers, per_endpoint=args.per_endpoint, heartbeat=args.heartbeat

@@ -44,6 +44,7 @@ CLUSTER_SUITE = (
     "tests/webhooks/test_credit_purchases.py",
     "tests/events/test_relay.py",
     "tests/events/test_endpoints_api.py",
+    "tests/events/test_end_to_end.py",
 )
 
 # What of CLUSTER_SUITE does not hold on the cluster yet, and why (README "Scaling out", "Not yet on
