@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from service.errors import InvalidUrl
 
@@ -57,6 +57,9 @@ def refusal(ip: Address) -> str | None:
     return None
 
 
+_PRINTABLE_ASCII = "".join(map(chr, range(0x21, 0x7F)))  # kept as written; anything else %-encoded
+
+
 def parse(url: str, *, allow_private: bool) -> Target:
     """The URL's parts, or InvalidUrl saying why it can never be an endpoint's (its addresses are
     checked by `resolve`)."""
@@ -78,13 +81,13 @@ def parse(url: str, *, allow_private: bool) -> Target:
         raise _refuse("the URL must not have a fragment")
     if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in url):
         raise _refuse("the URL must not contain spaces or control characters")
-    try:
-        parts.hostname.encode("idna")
+    try:  # an internationalized name is looked up, sent and checked by TLS in its ASCII form
+        host = parts.hostname.encode("idna").decode("ascii")
     except UnicodeError:
         raise _refuse("the host is not a valid name") from None
-    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    path = quote((parts.path or "/") + (f"?{parts.query}" if parts.query else ""), safe=_PRINTABLE_ASCII)
     default = 443 if parts.scheme == "https" else 80
-    return Target(parts.scheme, parts.hostname, port or default, path)
+    return Target(parts.scheme, host, port or default, path)
 
 
 def resolve(target: Target, *, allow_private: bool) -> list[Address]:

@@ -33,7 +33,8 @@ class Event:
 def body(event: Event) -> str:
     """The Standard Webhooks payload, built once and stored with each delivery: every attempt, at
     every endpoint, sends these bytes."""
-    at = event.occurred_at.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    # the database's own rendering of the time (event_emit), so that both read the same
+    at = event.data.get("occurred_at") or event.occurred_at.astimezone(UTC).isoformat().replace("+00:00", "Z")
     return json.dumps({"type": event.type, "timestamp": at, "data": event.data}, separators=(",", ":"))
 
 

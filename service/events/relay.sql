@@ -23,11 +23,12 @@ UPDATE webhook_deliveries
  WHERE id = %(id)s
 
 -- name: relay_failed_attempt
--- A failed attempt: due again after `wait`, or failed for good when the schedule has run out.
+-- A failed attempt: due again `wait` after it ended (not after the claim's transaction began), or
+-- failed for good when the schedule has run out.
 UPDATE webhook_deliveries
    SET attempts = attempts + 1, last_status = %(status)s, last_error = %(error)s,
        status = CASE WHEN %(final)s THEN 'failed' ELSE 'pending' END,
-       next_attempt_at = CASE WHEN %(final)s THEN next_attempt_at ELSE now() + %(wait)s::interval END,
+       next_attempt_at = CASE WHEN %(final)s THEN next_attempt_at ELSE clock_timestamp() + %(wait)s::interval END,
        finished_at = CASE WHEN %(final)s THEN now() END
  WHERE id = %(id)s
 

@@ -6,9 +6,13 @@ attempt like any other non-2xx."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
 from dataclasses import dataclass
 
 import urllib3
+import urllib3.connection
 
 from service.errors import InvalidUrl
 from service.events import addresses
@@ -34,7 +38,9 @@ class Outcome:
 
 
 def post(url: str, body: bytes, headers: dict[str, str], *, allow_private: bool) -> Outcome:
-    """POST `body` to `url` once; never raises for the network's or the receiver's failures."""
+    """POST `body` to `url` once, within TIMEOUT seconds from connect to the answer's headers (a
+    receiver that trickles its answer is cut off then); never raises for the network's or the
+    receiver's failures."""
     try:
         target = addresses.parse(url, allow_private=allow_private)
         ip = addresses.resolve(target, allow_private=allow_private)[0]
@@ -44,40 +50,54 @@ def post(url: str, body: bytes, headers: dict[str, str], *, allow_private: bool)
     default = 443 if target.scheme == "https" else 80
     host = name if target.port == default else f"{name}:{target.port}"
     sent = {"Host": host, "Content-Type": "application/json", "User-Agent": USER_AGENT, **headers}
-    timeout = urllib3.Timeout(total=TIMEOUT)
-    pool: urllib3.HTTPConnectionPool
+    conn: urllib3.connection.HTTPConnection
     if target.scheme == "https":
-        pool = urllib3.HTTPSConnectionPool(
+        conn = urllib3.connection.HTTPSConnection(
             str(ip),
             target.port,
-            timeout=timeout,
-            retries=False,
-            maxsize=1,
+            timeout=TIMEOUT,
             cert_reqs="CERT_REQUIRED",
             server_hostname=target.host,
             assert_hostname=target.host,
         )
     else:
-        pool = urllib3.HTTPConnectionPool(str(ip), target.port, timeout=timeout, retries=False, maxsize=1)
+        conn = urllib3.connection.HTTPConnection(str(ip), target.port, timeout=TIMEOUT)
+    # The socket timeout bounds each read, not the attempt: the watchdog cuts the connection at the
+    # deadline, which ends a read in progress (shutdown wakes a blocked recv; close does not).
+    cut = threading.Event()
+    watchdog = threading.Timer(TIMEOUT, _cut, args=(conn, cut))
+    watchdog.start()
     try:
-        with pool:
-            r = pool.urlopen(
-                "POST",
-                target.path,
-                body=body,
-                headers=sent,
-                redirect=False,
-                retries=False,
-                preload_content=False,
-                assert_same_host=False,
-            )
-            r.release_conn()
-    except urllib3.exceptions.HTTPError as e:
-        return Outcome(None, f"{type(e).__name__}: {e}"[:500])
-    except OSError as e:
-        return Outcome(None, f"{type(e).__name__}: {e}"[:500])
-    if 200 <= r.status < 300:
-        return Outcome(r.status, None)
-    if 300 <= r.status < 400:
-        return Outcome(r.status, f"redirect to {r.headers.get('Location', '?')[:200]} not followed")
-    return Outcome(r.status, f"answered {r.status}")
+        conn.request("POST", target.path, body=body, headers=sent)
+        status, location = _answer(conn)
+    except Exception as e:  # whatever the peer makes the client raise is a failed attempt
+        why = f"no answer within {TIMEOUT:g} s" if cut.is_set() else f"{type(e).__name__}: {e}"
+        return Outcome(None, printable(why))
+    finally:
+        watchdog.cancel()
+        conn.close()
+    if 200 <= status < 300:
+        return Outcome(status, None)
+    if 300 <= status < 400:
+        return Outcome(status, printable(f"redirect to {location} not followed"))
+    return Outcome(status, f"answered {status}")
+
+
+def _answer(conn: urllib3.connection.HTTPConnection) -> tuple[int, str]:
+    """The answer's status and Location (its body is not read)."""
+    r = conn.getresponse()
+    return r.status, r.headers.get("Location", "?")[:200]
+
+
+def _cut(conn: urllib3.connection.HTTPConnection, cut: threading.Event) -> None:
+    cut.set()
+    sock = getattr(conn, "sock", None)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+def printable(text: str) -> str:
+    """An error for the delivery's row: at most 500 characters, none a control character (a peer's
+    Location may hold a NUL, which a text column refuses)."""
+    return "".join(c if c.isprintable() else "?" for c in text)[:500]

@@ -357,4 +357,21 @@ def test_a_receiver_that_answers_too_late_is_a_failed_attempt(conn, relay_settin
     receiver.release()
     d = delivery(conn, event, endpoint.id)
     assert (d["status"], d["attempts"], d["last_status"]) == ("pending", 1, None)
-    assert "timed out" in d["last_error"].lower()
+    assert d["last_error"] == "no answer within 0.5 s"
+
+
+def test_an_unexpected_error_in_an_attempt_is_recorded_and_once_still_ends(
+    conn, relay_settings, receiver, monkeypatch
+):
+    endpoint = add_endpoint(conn, receiver.url)
+    event = emit(conn)
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr("service.events.transport.post", broken)
+    settings = dataclasses.replace(relay_settings, webhook_out_retry_schedule=(3600,))
+    stats = relay(settings).once()  # returns: the delivery is not claimed again at once
+    assert stats.failed_attempts == 1
+    d = delivery(conn, event, endpoint.id)
+    assert (d["status"], d["attempts"], d["last_error"]) == ("pending", 1, "relay error: RuntimeError: a bug")

@@ -116,3 +116,79 @@ def test_a_name_rebound_to_loopback_at_delivery_is_refused_and_recorded(
     assert (d["status"], d["attempts"], d["last_status"]) == ("pending", 1, None)
     assert d["last_error"] == f"the URL is refused: {NAME}: 127.0.0.1 is a loopback address"
     assert receiver.requests == []
+
+
+class _Raw:
+    """A TCP server on 127.0.0.1 that answers every connection with `reply(send)` (send: bytes ->
+    None), to play a receiver no HTTP library would be."""
+
+    def __init__(self, reply: Any) -> None:
+        import socket as socket_module
+
+        self.sock = socket_module.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(4)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/hooks"
+
+        def serve() -> None:
+            while True:
+                try:
+                    c, _ = self.sock.accept()
+                except OSError:
+                    return
+                c.recv(65536)
+                try:
+                    reply(c.sendall)
+                except OSError:
+                    pass
+                finally:
+                    c.close()
+
+        threading.Thread(target=serve, daemon=True).start()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_receiver_that_trickles_its_answer_is_cut_off_at_the_deadline(monkeypatch):
+    import time
+
+    def trickle(send: Any) -> None:
+        for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 100:
+            send(bytes([byte]))
+            time.sleep(0.2)  # each read well within the socket's timeout, the whole far past it
+
+    monkeypatch.setattr(transport, "TIMEOUT", 1.0)
+    server = _Raw(trickle)
+    try:
+        started = time.monotonic()
+        outcome = transport.post(server.url, b"{}", {}, allow_private=True)
+        took = time.monotonic() - started
+    finally:
+        server.close()
+    assert outcome == transport.Outcome(None, "no answer within 1 s")
+    assert took < 3
+
+
+def test_a_location_with_control_characters_is_recorded_printable():
+    server = _Raw(
+        lambda send: send(
+            b"HTTP/1.1 302 Found\r\nLocation: http://10.0.0.1/\x00\x1b\r\nContent-Length: 0\r\n\r\n"
+        )
+    )
+    try:
+        outcome = transport.post(server.url, b"{}", {}, allow_private=True)
+    finally:
+        server.close()
+    assert outcome.status == 302 and outcome.error is not None
+    assert outcome.error.isprintable() and "10.0.0.1" in outcome.error
+
+
+def test_an_internationalized_name_is_looked_up_and_sent_in_ascii(monkeypatch):
+    looked_up = []
+    monkeypatch.setattr(addresses, "lookup", lambda host, port: looked_up.append(host) or [LOOPBACK])
+    target = addresses.parse("https://例子.测试/hooks/ä", allow_private=False)
+    assert target.host == "xn--fsqu00a.xn--0zwm56d" and target.path == "/hooks/%C3%A4"
+    outcome = transport.post("https://例子.测试/hooks", b"{}", {}, allow_private=False)
+    assert looked_up == ["xn--fsqu00a.xn--0zwm56d"]
+    assert outcome.status is None and "127.0.0.1" in (outcome.error or "")  # refused after the lookup
