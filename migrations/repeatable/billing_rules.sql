@@ -237,6 +237,8 @@ BEGIN
         'previous', jsonb_build_object('plan', p_plan, 'status', p_status),
         'current', jsonb_build_object('plan', v_plan, 'status', v_status),
         'cause', plan_change_cause(p_actor)));
+    -- another plan may have other thresholds: each counter looks at them again at its next take
+    UPDATE quotas q SET alert_pct = 1 WHERE q.account_id = p_account_id AND q.alert_pct IS DISTINCT FROM 1;
     RETURN quota_set_limits_for_plan(p_account_id, v_plan, billing_is_lapsed(v_plan, v_status, p_free_plan),
                                      p_actor, p_free_plan, p_plan_names, p_plan_metrics, p_plan_limits);
 END

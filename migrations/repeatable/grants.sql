@@ -95,7 +95,7 @@ BEGIN
                                             'source', p_source, 'source_ref', p_source_ref));
     PERFORM event_emit(p_account_id, 'credits.granted', jsonb_build_object(
         'account_id', p_account_id, 'metric', p_metric, 'grant_id', grant_id, 'units', p_units,
-        'source', p_source, 'expires_at', p_expires_at));
+        'source', p_source, 'expires_at', event_time(p_expires_at)));
     RETURN NEXT;
 END
 $f$;

@@ -70,7 +70,7 @@ WITH granted AS (
        AND NOT q.account_deleted
        AND (q.lim IS NULL OR q.used + p_units <= q.lim)
  RETURNING q.account_id, q.metric, q.period, q.used, q.lim, q.limit_source, q.chain_id, q.chain_at, q.chain_seq,
-           q.chain_prev, q.chain_hash, q.lim > 0 AND q.used * 100 >= q.alert_pct::bigint * q.lim AS alert
+           q.chain_prev, q.chain_hash, threshold_reached(q.used, q.lim, q.alert_pct) AS alert
 ), entry AS (
     INSERT INTO ledger (id, at, seq, account_id, metric, period, kind, units, used_after, lim, limit_source,
                         idempotency_key, actor, prev_hash, hash)

@@ -46,7 +46,7 @@ BEGIN
     OVERRIDING SYSTEM VALUE
     VALUES (link.id, link.at, link.seq, p_account_id, p_metric, p_period, 'take', p_units, q.used + p_units,
             q.lim, q.limit_source, p_idempotency_key, p_actor, link.prev_hash, link.hash);
-    IF q.lim > 0 AND (q.used + p_units) * 100 >= q.alert_pct::bigint * q.lim THEN
+    IF threshold_reached(q.used + p_units, q.lim, q.alert_pct) THEN
         PERFORM quota_alert(p_account_id, p_metric);  -- the take reached the alert line (events_out.sql)
     END IF;
     take_id := link.id; metric := p_metric; units := p_units; used := q.used + p_units; "limit" := q.lim;

@@ -213,3 +213,30 @@ def test_a_plans_own_thresholds_reach_takes_through_the_sync(conn, plans):
     assert conn.execute("SELECT plan, thresholds FROM plan_thresholds ORDER BY plan").fetchall() == [
         (p, [80, 100]) for p in sorted(plans.plans)
     ]
+
+
+def test_a_limit_near_the_largest_integer_fires_without_overflow(conn, plans):
+    account = new_account(conn, plans)
+    huge = 2**63 - 1
+    set_override(conn, account, METRIC, huge)
+    take(conn, plans, account, units=huge // 100)  # 1 %: the first look at the thresholds
+    take(conn, plans, account, units=huge // 100 * 79)
+    assert crossed(conn, account) == []
+    take(conn, plans, account, units=huge // 100 + 100)  # now at least 80 %
+    [(_, threshold, used, limit)] = crossed(conn, account)
+    assert (threshold, limit) == (80, huge) and used * 100 >= 80 * huge
+
+
+def test_a_take_before_the_thresholds_are_synced_keeps_the_line_for_the_next(conn, plans):
+    from service.quota.alerts import sync_thresholds
+
+    account = new_account(conn, plans)  # on the free plan
+    set_override(conn, account, METRIC, 10)
+    conn.execute("DELETE FROM plan_thresholds WHERE plan = 'free'")
+    try:
+        take(conn, plans, account, units=9)
+        assert crossed(conn, account) == []
+    finally:
+        sync_thresholds(conn, plans)
+    take(conn, plans, account)  # 10 of 10: both thresholds, now that the plan has them
+    assert [t for _, t, _, _ in crossed(conn, account)] == [80, 100]

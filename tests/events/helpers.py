@@ -40,7 +40,11 @@ def emit(
     conn: psycopg.Connection[Any], type: str = "quota.threshold_crossed", account_id: str = "acc-1"
 ) -> int:
     """One event in event_outbox, committed (or in the caller's open transaction); returns its id."""
-    data = {**SAMPLES[type], "account_id": account_id, "occurred_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}
+    data = {
+        **SAMPLES[type],
+        "account_id": account_id,
+        "occurred_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+    }
     row = conn.execute(
         "INSERT INTO event_outbox (account_id, type, data) VALUES (%s, %s, %s) RETURNING id",
         (account_id, type, json.dumps(data)),

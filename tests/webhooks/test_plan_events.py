@@ -66,3 +66,34 @@ def test_revenuecat_purchase_then_the_expiry_job(client: Any, keys: Any, conn: A
         ({"plan": "free", "status": "none"}, {"plan": "pro", "status": "active"}, "revenuecat"),
         ({"plan": "pro", "status": "active"}, {"plan": "pro", "status": "expired"}, "expiry"),
     ]
+
+
+def test_a_plan_change_rearms_the_counters_for_the_new_plans_thresholds(
+    client: Any, keys: Any, conn: Any
+) -> None:
+    create_account(client, keys, "acc_ev3")
+    t = int(time.time()) - 600
+    post_stripe(client, stripe_subscription_event(event_id="evt_ev3_a", created=t, account_id="acc_ev3"))
+
+    def take(units: int) -> None:
+        r = client.post(
+            "/v1/accounts/acc_ev3/takes", json={"metric": "urls", "units": units}, headers=keys["product"]
+        )
+        assert r.status_code == 201, r.json
+
+    take(300)  # 60 % of pro's 500: the counter's line moves to pro's next threshold, 80
+    conn.execute("UPDATE plan_thresholds SET thresholds = '{50,100}' WHERE plan = 'pro'")
+    try:
+        take(1)  # the line is still 80: nothing yet
+        past_due = stripe_subscription_event(
+            event_id="evt_ev3_b", created=t + 60, status="past_due", account_id="acc_ev3"
+        )
+        post_stripe(client, past_due)  # the status changes: the line is looked at again
+        take(1)
+    finally:
+        conn.execute("UPDATE plan_thresholds SET thresholds = '{80,100}' WHERE plan = 'pro'")
+    fired = conn.execute(
+        "SELECT data->>'threshold', data->>'used' FROM event_outbox"
+        " WHERE account_id = 'acc_ev3' AND type = 'quota.threshold_crossed'"
+    ).fetchall()
+    assert fired == [("50", "302")]
