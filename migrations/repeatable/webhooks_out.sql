@@ -58,7 +58,10 @@ BEGIN
     ELSIF v_deleted IS NOT NULL THEN
         RETURN false;
     END IF;
-    UPDATE webhook_endpoints e SET deleted_at = now(), enabled = false WHERE e.id = p_id;
+    -- a deleted endpoint signs nothing again: its secrets go with it (the row stays for its deliveries)
+    UPDATE webhook_endpoints e
+       SET deleted_at = now(), enabled = false, secret = '', previous_secret = NULL, previous_until = NULL
+     WHERE e.id = p_id;
     UPDATE webhook_deliveries d
        SET status = 'failed', finished_at = now(), last_error = 'endpoint deleted'
      WHERE d.id IN (SELECT w.id FROM webhook_deliveries w
