@@ -54,7 +54,7 @@ def _path_parameters(metrics: list[str], features: list[str]) -> dict[str, dict[
 # The refusals whose body carries more than `error` and `message`; the others answer rs.Error.
 BODIES: dict[Refusal, type[Schema]] = {
     ValidationFailed: rs.InvalidRequest,  # `fields`
-    InvalidUrl: rs.InvalidRequest,  # `reason`
+    InvalidUrl: rs.InvalidEndpoint,  # `reason`
     QuotaExhausted: rs.Conflict,  # the counter as it stood
     IdempotencyKeyReused: rs.Conflict,  # the earlier take
 }
@@ -69,7 +69,8 @@ def _refusal_responses(refusals: list[Refusal]) -> dict[int, dict[str, Any]]:
             by_status[r.status].append(r)
     responses = {}
     for status, group in sorted(by_status.items()):
-        body = next((BODIES[r] for r in group if r in BODIES), rs.Error)  # they extend Error
+        # they extend Error; of two, the one that extends the other (InvalidEndpoint: InvalidRequest)
+        body = max((BODIES[r] for r in group if r in BODIES), key=lambda b: len(b.__mro__), default=rs.Error)
         lines = [f"`{r.code}`: {' '.join((r.__doc__ or '').split())}" for r in group]
         codes = sorted({r.code for r in group})
         responses[status] = {

@@ -135,7 +135,7 @@ def test_docker_compose() -> None:
     assert {"postgres", "redis", "migrate", "web", "worker", "beat"} <= set(services)
     parser = build_parser()
     ours = {name: svc for name, svc in services.items() if "build" in svc}
-    assert set(ours) == {"migrate", "web", "worker", "beat"}
+    assert set(ours) == {"migrate", "web", "worker", "beat", "relay"}
     commands = {}
     for name, svc in ours.items():
         command = svc["command"]
@@ -143,9 +143,15 @@ def test_docker_compose() -> None:
         args = parser.parse_args(command[1:])  # exits (fails the test) on an unknown command
         commands[name] = args.command
         assert set(svc["environment"]) >= README_ENV, name
-    assert commands == {"migrate": "migrate", "web": "serve", "worker": "worker", "beat": "beat"}
+    assert commands == {
+        "migrate": "migrate",
+        "web": "serve",
+        "worker": "worker",
+        "beat": "beat",
+        "relay": "relay",
+    }
     assert services["migrate"]["restart"] == "no"
-    for name in ("web", "worker"):
+    for name in ("web", "worker", "relay"):
         assert services[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
     assert "replicas" not in services["beat"].get("deploy", {})  # exactly one beat
     assert (ROOT / "Dockerfile").exists()

@@ -82,6 +82,11 @@ class InvalidRequest(Error):
         values=fields.List(fields.String()),
         metadata={"description": "validation_failed: the messages per field"},
     )
+
+
+class InvalidEndpoint(InvalidRequest):
+    """A webhook endpoint refused: `fields` (validation_failed) or `reason` (invalid_url)."""
+
     reason = fields.String(metadata={"description": "invalid_url: why the webhook URL is refused"})
 
 
