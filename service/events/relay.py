@@ -175,28 +175,6 @@ class Relay:
     def deliver_one(self, conn: Connection) -> bool:
         """Claim, send and record one due delivery; False when none is due (or every due one is for
         an endpoint at its cap in this relay)."""
-        claimed: list[Claimed] = []
-        try:
-            return self._deliver_one(conn, claimed)
-        except psycopg.OperationalError:
-            raise
-        except Exception as e:
-            if not claimed:
-                raise
-            # A bug met while sending or recording: the attempt is recorded as failed in a
-            # transaction of its own, so the delivery follows its schedule instead of being claimed
-            # again at once, forever (and `once` still ends).
-            log.exception("relay: attempt of delivery %d failed unexpectedly", claimed[0].id)
-            failed = transport.Outcome(None, transport.printable(f"relay error: {type(e).__name__}: {e}"))
-            with conn.transaction():
-                stats = record(
-                    conn, claimed[0], failed, schedule=self.settings.webhook_out_retry_schedule, rng=self._rng
-                )
-            with self._lock:
-                self.stats.add(stats)
-            return True
-
-    def _deliver_one(self, conn: Connection, claimed: list[Claimed]) -> bool:
         with conn.transaction():
             # The outcome's commit need not wait for the disk: a record lost with a database crash
             # means only that the delivery is sent again, which at least once allows (receivers
@@ -210,9 +188,8 @@ class Relay:
                 if row is None:
                     return False
                 self._sending[row.endpoint_id] += 1
-            claimed.append(row)
             try:
-                stats = attempt(conn, self.settings, row, self._rng)
+                stats = self._attempt(conn, row)
             finally:
                 with self._lock:
                     self._sending[row.endpoint_id] -= 1
@@ -221,6 +198,21 @@ class Relay:
         with self._lock:
             self.stats.add(stats)
         return True
+
+    def _attempt(self, conn: Connection, row: Claimed) -> Stats:
+        """`attempt`, in a savepoint: a bug met while sending or recording undoes only what the
+        attempt wrote, and the attempt is recorded as failed under the claim's lock, still held, so
+        the delivery follows its schedule instead of being claimed again at once (by this relay or
+        another), and `once` still ends."""
+        try:
+            with conn.transaction():
+                return attempt(conn, self.settings, row, self._rng)
+        except psycopg.OperationalError:
+            raise
+        except Exception as e:
+            log.exception("relay: attempt of delivery %d failed unexpectedly", row.id)
+            failed = transport.Outcome(None, transport.printable(f"relay error: {type(e).__name__}: {e}"))
+            return record(conn, row, failed, schedule=self.settings.webhook_out_retry_schedule, rng=self._rng)
 
     def _worker(self, *, until_idle: bool) -> None:
         conn: Connection | None = None
