@@ -35,13 +35,25 @@ def key_of(header: dict[str, str]) -> str:
     return header["Authorization"].removeprefix("Bearer ")
 
 
+def click_through(driver: Any, element: Any) -> None:
+    """Click what loads another page, and wait until it has: a click returns before the browser has
+    left the page, and a look straight after it may read the old one (it did, once, on a busy CI)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    old = driver.find_element(By.TAG_NAME, "html")
+    element.click()
+    WebDriverWait(driver, 20).until(expected_conditions.staleness_of(old))
+
+
 def sign_in(driver: Any, base: str, key: str) -> None:
     from selenium.webdriver.common.by import By
 
     driver.delete_all_cookies()
     driver.get(base + "/console/login")
     driver.find_element(By.ID, "api_key").send_keys(key)
-    driver.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
+    click_through(driver, driver.find_element(By.CSS_SELECTOR, "form button[type=submit]"))
     assert driver.current_url.endswith("/console/accounts"), driver.page_source[:2000]
 
 
@@ -121,7 +133,7 @@ def test_the_console_in_a_browser(served: str, client: Any, keys: Any, conn: Any
         form = driver.find_element(By.ID, "override-form")
         form.find_element(By.NAME, "metric").send_keys("urls")
         form.find_element(By.NAME, "limit").send_keys("1234")
-        form.find_element(By.CSS_SELECTOR, 'button[value="set"]').click()
+        click_through(driver, form.find_element(By.CSS_SELECTOR, 'button[value="set"]'))
         assert "Override saved." in driver.find_element(By.CSS_SELECTOR, ".done").text
         card = driver.find_element(By.ID, "metric-urls")
         assert "1,234" in card.text and "override" in card.text and "80" in card.text
@@ -134,9 +146,9 @@ def test_the_console_in_a_browser(served: str, client: Any, keys: Any, conn: Any
 
         # replay the unmatched event: still unmatched (its account does not exist), tried twice
         driver.get(f"{served}/console/events?status=unmatched")
-        driver.find_element(By.LINK_TEXT, str(unmatched.json["id"])).click()
+        click_through(driver, driver.find_element(By.LINK_TEXT, str(unmatched.json["id"])))
         assert "evt_console_later" in driver.find_element(By.CSS_SELECTOR, "pre.payload").text
-        driver.find_element(By.CSS_SELECTOR, "#replay-form button").click()
+        click_through(driver, driver.find_element(By.CSS_SELECTOR, "#replay-form button"))
         assert "Replayed" in driver.find_element(By.CSS_SELECTOR, ".done").text
         assert conn.execute(
             "SELECT status, attempts FROM webhook_events WHERE id = %s", (unmatched.json["id"],)
