@@ -83,10 +83,10 @@ def create(conn: Connection, *, url: str, events: list[str], allow_private: bool
     return NewSecret(id=endpoint_id, url=url, events=types, enabled=True, secret=secret)
 
 
-def list_endpoints(conn: Connection) -> list[Endpoint]:
-    """Every endpoint not deleted, oldest first, without secrets."""
+def list_endpoints(conn: Connection, *, endpoint_id: str | None = None) -> list[Endpoint]:
+    """Every endpoint not deleted (or the one named), oldest first, without secrets."""
     with conn.cursor(row_factory=class_row(Endpoint)) as cur:
-        return cur.execute(Q.endpoint_list).fetchall()
+        return cur.execute(Q.endpoint_list, {"id": endpoint_id}).fetchall()
 
 
 def delete(conn: Connection, *, endpoint_id: str, actor: str) -> None:
@@ -105,7 +105,7 @@ def rotate(conn: Connection, *, endpoint_id: str, actor: str) -> NewSecret:
         until = row[0] if row else None
         if not isinstance(until, datetime):
             raise _unknown(endpoint_id)
-        [endpoint] = [e for e in list_endpoints(conn) if e.id == endpoint_id]
+        [endpoint] = list_endpoints(conn, endpoint_id=endpoint_id)
     return NewSecret(
         id=endpoint.id,
         url=endpoint.url,

@@ -11,9 +11,10 @@ SELECT webhook_endpoint_delete(%(id)s, %(actor)s) AS deleted
 SELECT webhook_endpoint_rotate(%(id)s, %(secret)s, %(grace)s, %(actor)s) AS previous_secret_until
 
 -- name: endpoint_list
+-- Every live endpoint, or the one named by `id` (NULL: all).
 SELECT id, url, events, enabled, disabled_reason, created_at, previous_until AS previous_secret_until
   FROM webhook_endpoints
- WHERE deleted_at IS NULL
+ WHERE deleted_at IS NULL AND (%(id)s::text IS NULL OR id = %(id)s::text)
  ORDER BY created_at, id
 
 -- name: endpoint_exists
