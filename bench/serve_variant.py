@@ -3,7 +3,7 @@
     python bench/serve_variant.py [--take-sql FILE] serve --bind HOST:PORT --workers N
 
 Without --take-sql it is `quota-ledger` itself, so both sides start the same way. The swap happens
-in the gunicorn arbiter before it forks, so every worker runs FILE. Never used by the service.
+in the server's master before it forks its workers, so every worker runs FILE. Never used by the service.
 """
 
 from __future__ import annotations

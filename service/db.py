@@ -102,8 +102,8 @@ CONNECT_TIMEOUT = 2
 # the attempts stay about a second apart, and a waiting request starts a new one at once.
 RECONNECT_TIMEOUT = 1.0
 # While the last request found the database unreachable, the next ones wait this long for a
-# connection instead of the full pool timeout: they are answered 503 at once (and gunicorn's
-# workers stay free for /readyz) until a reconnect attempt succeeds.
+# connection instead of the full pool timeout: they are answered 503 at once (and the server's
+# threads stay free for /readyz) until a reconnect attempt succeeds.
 FAIL_FAST_WAIT = 0.1
 _WAIT_SLICE = 0.2
 
@@ -149,7 +149,7 @@ class Database:
     Every connection is checked as it is taken (`check_connection`), so one that died with a
     database restart is replaced instead of failing its request. While the database is unreachable,
     requests fail within `FAIL_FAST_WAIT` rather than queueing for `DB_POOL_TIMEOUT` each.
-    The pool opens lazily so that it is created after a gunicorn fork, never before."""
+    The pool opens lazily so that it is created after the server forks a worker, never before."""
 
     def __init__(
         self,
@@ -206,7 +206,7 @@ class Database:
 
         The error count is read before the first wait, even when a connection is idle (about 2 us).
         A first try of 1 ms without it made every request that found all DB_POOL_SIZE connections
-        busy, as gthread's threads often do under load, wait 1 ms, raise and queue again: ~150 us
+        busy, as the server's threads often do under load, wait 1 ms, raise and queue again: ~150 us
         more CPU per take with 8 requests on 4 connections (bench/README.md, "Where the web
         process's CPU goes")."""
         deadline = time.monotonic() + (min(timeout, FAIL_FAST_WAIT) if self.unreachable else timeout)

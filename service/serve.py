@@ -1,12 +1,16 @@
-"""The production web server: gunicorn with threaded workers (gthread) in front of the Flask app.
+"""The production web server: granian (its WSGI mode) in front of the Flask app.
 
-Why threads: a sync worker is held by one connection until its request has arrived in full, so a
-few clients that send their headers or body slowly hold every worker and nothing else is answered.
-A gthread worker parks idle connections in its poller and serves requests on a pool of threads;
-a slow client holds one thread, not the process. The database pool (DB_POOL_SIZE per process) is
-taken only once a request has arrived, so slow clients never hold a database connection either.
+Why granian: it reads requests and writes answers in Rust, and calls the app on a pool of blocking
+threads only once a request's head has arrived, so a client that sends its headers slowly holds no
+thread at all, and one that sends its body slowly holds one thread, not the process. It serves our
+take at about 0.7 of the CPU per request of gunicorn's threaded workers (bench/README.md, "Which
+server"). The database pool (DB_POOL_SIZE per process) is taken only once a request has arrived.
 In front of a public network, put a buffering proxy (compose: nginx) so that slow clients never
-reach gunicorn at all (README: Deploying).
+reach the server at all (docs/operations.md).
+
+What `serve` adds to granian: a clear line for a taken port, the workers' exit when the master dies,
+the Prometheus folder cleaned up, a send that stalls for EXPORT_IDLE_TIMEOUT ends its connection, and
+a respawn of a worker that crashed.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import json
+import logging
 import os
 import re
 import shutil
@@ -22,16 +26,24 @@ import signal
 import socket
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-# Per worker process. A slow client holds one thread until its request has arrived; requests that
-# have arrived wait for one of the DB_POOL_SIZE connections, not for a thread.
+# Blocking threads per worker process: a client that sends its body slowly holds one until its
+# request has arrived; requests that have arrived wait for one of the DB_POOL_SIZE connections.
 DEFAULT_THREADS = 16
+# The request's head (request line and headers) must fit the server's read buffer; a larger one is
+# answered 431 by granian itself, with no body (docs/api.md). The app refuses a long target itself
+# (414).
+HEAD_BUFFER_BYTES = 16 * 1024
+# A stopping worker finishes the requests it has for this long (SIGTERM to the master).
+GRACEFUL_SECONDS = 30
 # Prometheus multiprocess folders are named after the master that made them: a master that crashed
 # (kill -9) never removed its own, and the next start does.
 METRICS_DIR_PREFIX = "quota-metrics-"
 _METRICS_DIR = re.compile(re.escape(METRICS_DIR_PREFIX) + r"(\d+)-")
+_METRICS_FILE_PID = re.compile(r"_(\d+)\.db\Z")
 _PR_SET_PDEATHSIG = 1
 
 
@@ -40,15 +52,15 @@ class PortInUse(RuntimeError):
 
 
 def check_bind(bind: str) -> None:
-    """Raise PortInUse when HOST:PORT cannot be listened on. gunicorn would retry for five seconds
-    and then exit with a traceback; this says it in one line, before anything starts."""
+    """Raise PortInUse when HOST:PORT cannot be listened on, in one line, before anything starts (the
+    server would exit with a traceback)."""
     if bind.startswith(("unix:", "fd://")):
         return
     host, _, port = bind.rpartition(":")
     host = host.strip("[]") or "0.0.0.0"
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
-        # as gunicorn binds: a connection of an earlier run still in TIME_WAIT is no conflict
+        # as the server binds: a connection of an earlier run still in TIME_WAIT is no conflict
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, int(port)))
@@ -58,70 +70,6 @@ def check_bind(bind: str) -> None:
                     f"port {port} on {host} is already in use; choose another with --bind HOST:PORT"
                 ) from None
             raise
-
-
-def write_json_error(sock: socket.socket, status_int: int, reason: str, mesg: str) -> None:
-    """gunicorn's own refusals (a request line over 4094 bytes: 414, too many or too large header
-    fields: 431, a malformed request: 400) as the API's JSON error body instead of an HTML page."""
-    from gunicorn import util as gunicorn_util
-    from werkzeug.http import HTTP_STATUS_CODES
-
-    from service.http.errors import error_code
-
-    name = HTTP_STATUS_CODES.get(status_int, reason)
-    body = json.dumps({"error": error_code(name), "message": mesg or name}).encode()
-    head = (
-        f"HTTP/1.1 {status_int} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    )
-    gunicorn_util.write_nonblock(sock, head.encode("latin-1") + body)
-
-
-def honour_connection_close() -> None:
-    """gunicorn drops every hop-by-hop header an app sets, Connection included, and decides itself
-    whether to keep the connection. Make an app's `Connection: close` close it (and say so): the app
-    knows when a request's body was left unread (service/http/inbound.py)."""
-    from gunicorn.http import wsgi
-
-    class Response(wsgi.Response):  # type: ignore[misc]
-        def process_headers(self, headers: list[tuple[str, str]]) -> None:
-            super().process_headers(headers)
-            if any(n.lower() == "connection" and v.strip().lower() == "close" for n, v in headers):
-                self.force_close()
-
-    wsgi.Response = Response
-
-
-def worker_class() -> type:
-    """gunicorn's gthread worker, except that it lets go of the listening socket as soon as it stops
-    accepting. Its master gone (kill -9), a gthread worker notices within a second ("Parent changed")
-    and then finishes its connections for up to the graceful timeout (30 s) with the listener still
-    open: new connections wait in its backlog unanswered and a new server cannot bind the port. The
-    kernel also tells it at once that its master died (SIGTERM, Linux's parent-death signal)."""
-    from gunicorn.workers.gthread import ThreadWorker
-
-    class Worker(ThreadWorker):  # type: ignore[misc]
-        def init_process(self) -> None:
-            if sys.platform.startswith("linux"):
-                libc = ctypes.CDLL(None, use_errno=True)
-                libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-            if os.getppid() != self.ppid:  # the master died before the signal was asked for
-                self.alive = False
-            super().init_process()
-
-        def is_parent_alive(self) -> bool:
-            if super().is_parent_alive():
-                return True
-            self.alive = False
-            return False
-
-        def set_accept_enabled(self, enabled: bool) -> None:
-            super().set_accept_enabled(enabled)
-            if not enabled and not self.alive:
-                for listener in self.sockets:
-                    listener.close()
-
-    return Worker
 
 
 def remove_stale_metrics_dirs(root: Path) -> None:
@@ -152,17 +100,82 @@ def console_off() -> None:
         print(f"quota-ledger serve: {reason}", file=sys.stderr, flush=True)
 
 
+def forget_dead_workers(metrics_dir: Path) -> None:
+    """Drop the live-gauge samples of workers that no longer run (a crashed worker, respawned), so
+    that `livesum` gauges add up the running workers only. Counters of dead workers stay: they are
+    the process's totals."""
+    from prometheus_client import multiprocess
+
+    pids = {int(m.group(1)) for f in metrics_dir.glob("*.db") if (m := _METRICS_FILE_PID.search(f.name))}
+    for pid in pids - {os.getpid()}:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
+        except PermissionError:
+            pass
+
+
+def worker_app(master: int, target: str) -> Any:
+    """Build the app in a worker process. When its master dies the kernel kills the worker (Linux's
+    parent-death signal): after a kill -9 of the master no orphan goes on serving, and the port is
+    free at once. SIGKILL, not SIGTERM: a stopping worker would first finish its keep-alive
+    connections, holding the listener. What its requests had begun rolls back with their
+    transactions, as on any crash, and a client retries with its idempotency key."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != master:  # the master died before the signal was asked for
+        os.kill(os.getpid(), signal.SIGKILL)
+    metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if metrics_dir:
+        with contextlib.suppress(OSError):
+            forget_dead_workers(Path(metrics_dir))
+    from service import create_app
+
+    return create_app()
+
+
+def server_class(send_timeout: float) -> type:
+    """granian's multi-process server, its workers accepting on one listener that has a send
+    timeout: a connection whose peer takes nothing for `send_timeout` seconds (a full window) is
+    ended by the kernel (TCP_USER_TIMEOUT, inherited by every accepted connection), which ends the
+    response and gives back what it held (a ledger export's cursor and connection:
+    docs/design/exports-and-readiness.md). granian has no write timeout of its own, and on Linux
+    each of its workers would open its own listener (SO_REUSEPORT) where no option can be set;
+    this is granian's path for the other platforms, one listener made by the master."""
+    from granian._granian import ListenerSpec
+    from granian.server.mp import MPServer
+
+    class Server(MPServer):
+        def _init_shared_socket(self) -> None:
+            if self.bind_uds:
+                super()._init_shared_socket()  # type: ignore[no-untyped-call]
+                return
+            holder = ListenerSpec(self.bind_addr, self.bind_port, self.backlog).build()
+            listener = socket.socket(fileno=holder.get_fd())
+            listener.set_inheritable(True)
+            if hasattr(socket, "TCP_USER_TIMEOUT"):
+                listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(send_timeout * 1000))
+            self._ssp, self._sfd, self._sso = None, holder.get_fd(), listener
+            self._shd = holder  # type: ignore[assignment]  # granian declares it None
+
+    return Server
+
+
 def serve(*, bind: str, workers: int, threads: int = DEFAULT_THREADS, access_log: bool = False) -> None:
-    """Run gunicorn until it is stopped. Raises PortInUse before starting when `bind` is taken."""
-    from gunicorn import util as gunicorn_util
-    from gunicorn.app.base import BaseApplication
+    """Run granian until it is stopped. Raises PortInUse before starting when `bind` is taken."""
+    from granian.constants import HTTPModes, Interfaces
+    from granian.http import HTTP1Settings
+
+    from service.config import Settings
 
     check_bind(bind)
     console_off()
-    # gunicorn writes its refusals through this module function (workers.base.Worker.handle_error);
-    # replaced here, in the arbiter, so that every forked worker inherits it.
-    gunicorn_util.write_error = write_json_error
-    honour_connection_close()
+    try:
+        send_timeout = Settings.from_env().export_idle_timeout
+    except RuntimeError:  # the workers' create_app says what is wrong with the settings
+        send_timeout = 300.0
 
     # Prometheus multiprocess mode: every worker writes samples to files in this directory.
     own_metrics_dir = not os.environ.get("PROMETHEUS_MULTIPROC_DIR")
@@ -172,33 +185,29 @@ def serve(*, bind: str, workers: int, threads: int = DEFAULT_THREADS, access_log
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(
             prefix=f"{METRICS_DIR_PREFIX}{os.getpid()}-"
         )
-    arbiter_pid = os.getpid()
-
-    def child_exit(server: Any, worker: Any) -> None:
-        from prometheus_client import multiprocess
-
-        multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]
-
-    class Server(BaseApplication):  # type: ignore[misc]
-        def load_config(self) -> None:
-            self.cfg.set("bind", bind)
-            self.cfg.set("workers", workers)
-            self.cfg.set("worker_class", worker_class())
-            self.cfg.set("threads", threads)
-            self.cfg.set("child_exit", child_exit)
-            self.cfg.set("accesslog", "-" if access_log else None)
-            self.cfg.set("proc_name", "quota-ledger")
-            # gunicorn's control socket is one path per user: concurrent servers would share it
-            self.cfg.set("control_socket_disable", True)
-
-        def load(self) -> Any:
-            from service import create_app
-
-            return create_app()
-
+    if bind.startswith("unix:"):
+        where: dict[str, Any] = {"uds": Path(bind[5:])}
+    else:
+        host, _, port = bind.rpartition(":")
+        where = {"address": host.strip("[]") or "0.0.0.0", "port": int(port)}
+    server = server_class(send_timeout)(
+        "service:create_app",
+        **where,
+        interface=Interfaces.WSGI,
+        http=HTTPModes.http1,
+        workers=workers,
+        blocking_threads=threads,
+        http1_settings=HTTP1Settings(max_buffer_size=HEAD_BUFFER_BYTES),
+        respawn_failed_workers=True,
+        workers_kill_timeout=GRACEFUL_SECONDS,
+        log_access=access_log,
+    )
+    # Its warning that many threads "seem quite high" for the cores: ours wait for slow clients and
+    # for the database, not for a core (DEFAULT_THREADS).
+    logging.getLogger("_granian").addFilter(lambda record: "seems quite high" not in record.getMessage())
+    master = os.getpid()
     try:
-        Server().run()
+        server.serve(target_loader=partial(worker_app, master))
     finally:
-        # Workers are forked inside run() and leave through here too: only the arbiter cleans up.
-        if own_metrics_dir and os.getpid() == arbiter_pid:
+        if own_metrics_dir and os.getpid() == master:  # never a worker (forked inside serve())
             shutil.rmtree(os.environ.pop("PROMETHEUS_MULTIPROC_DIR"), ignore_errors=True)

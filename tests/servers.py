@@ -281,7 +281,7 @@ class PrivateRedis:
 
 
 class Serve:
-    """`quota-ledger serve` (gunicorn, as in production) on a free port, with `env` on top of ours."""
+    """`quota-ledger serve` (granian, as in production) on a free port, with `env` on top of ours."""
 
     def __init__(self, env: dict[str, str], *, workers: int = 2, log: Path | None = None) -> None:
         import sys

@@ -186,7 +186,8 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Production web server: gunicorn, threaded workers, one pool of DB connections per worker."""
+    """Production web server: granian, worker processes with app threads, one pool of DB connections
+    per worker."""
     from service.serve import PortInUse, serve
 
     _settings(serving=True)  # fail early and clearly on a missing DATABASE_URL or WEBHOOK_ENVIRONMENT
@@ -679,10 +680,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     from service.serve import DEFAULT_THREADS
 
-    serve = sub.add_parser("serve", help="run the web server (gunicorn)")
+    serve = sub.add_parser("serve", help="run the web server (granian)")
     serve.add_argument("--bind", default="127.0.0.1:8000", metavar="HOST:PORT", help="where to listen")
-    serve.add_argument("--workers", type=int, default=4, help="gunicorn worker processes")
-    serve.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="threads per worker")
+    serve.add_argument("--workers", type=int, default=4, help="worker processes")
+    serve.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="app threads per worker")
     serve.add_argument("--access-log", action="store_true", help="log every request")
     serve.set_defaults(func=cmd_serve)
 

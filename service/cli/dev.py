@@ -158,7 +158,7 @@ class _Signals:
 
 def _start_children(env: dict[str, str], bind: str, log: IO[bytes]) -> dict[str, subprocess.Popen[bytes]]:
     """web, worker, beat and relay, each in a session of its own: a terminal's Ctrl-C reaches only
-    `dev`, which then sends each child exactly one SIGTERM (a gunicorn worker that gets the
+    `dev`, which then sends each child exactly one SIGTERM (a server worker that gets the
     terminal's SIGINT and then its master's SIGTERM can hang inside its own shutdown), and can kill
     each child's whole process group if it does not stop in time."""
     cli = [sys.executable, "-m", "service.cli"]

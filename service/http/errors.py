@@ -70,10 +70,10 @@ class ValidationFailed(ApiError):
 
 
 class ServerAnswer(Answer):
-    """An answer of the server's own, which no view raises: what gunicorn or werkzeug answer before
-    a view runs (the code of its status's name, as the handler below and service/serve.py write
-    it, unless the class names one), and the handler's for a fault or an outage. Declared so that
-    the document and the error table list them."""
+    """An answer of the server's own, which no view raises: what the app (service/http/inbound.py)
+    or werkzeug answer before a view runs (the code of its status's name, as the handler below
+    writes it, unless the class names one), and the handler's for a fault or an outage. Declared so
+    that the document and the error table list them."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -82,7 +82,8 @@ class ServerAnswer(Answer):
 
 
 class BadRequest(ServerAnswer):
-    """The request is not HTTP the server can read (a malformed request line or header)."""
+    """The request is not HTTP the server can read (a malformed request line or header): answered by
+    the server itself, with no body, and the connection closed."""
 
     status = 400
 
@@ -106,15 +107,17 @@ class BodyTooLarge(ServerAnswer):
 
 
 class RequestLineTooLong(ServerAnswer):
-    """The request line (method, path and query) is over the server's limit."""
+    """The request's path and query are over 4094 bytes."""
 
     status = 414
 
 
 class HeadersTooLarge(ServerAnswer):
-    """Too many header fields, or one over the server's limit."""
+    """The request's head is over 16 kB or has over 100 header fields: answered by the server
+    itself, with no body, and the connection closed."""
 
     status = 431
+    bodiless = True  # the document lists no content for it
 
 
 class InternalError(ServerAnswer):

@@ -11,7 +11,7 @@ right; every web replica reports the same values, so a dashboard takes their max
 
 The pool's figures belong to each process. A daemon thread per app samples them every few seconds
 (and a scrape samples its own process first), so they cost the request path nothing; under
-gunicorn they are summed over the live workers (multiprocess mode `livesum`). Every label value
+`serve` they are summed over the live workers (multiprocess mode `livesum`). Every label value
 comes from a fixed set: statuses, jobs, connection states."""
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """What the app takes from a client before any view runs: path ids of ASCII digits only, no `//` in a
-path (404, never a redirect built from the Host header), and the body-size limit for streamed bodies
-too; and a connection whose request body was not read to its end is closed, saying so."""
+path (404, never a redirect built from the Host header), a request target of at most
+MAX_TARGET_BYTES (414), and the body-size limit for streamed bodies too; and a connection whose
+request body was not read to its end is closed, saying so."""
 
 from __future__ import annotations
 
@@ -10,13 +11,16 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from flask import Flask, Response, request
-from werkzeug.exceptions import HTTPException, NotFound, RequestEntityTooLarge
+from werkzeug.exceptions import HTTPException, NotFound, RequestEntityTooLarge, RequestURITooLarge
 from werkzeug.routing import IntegerConverter, ValidationError
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
 MAX_BIGINT = 2**63 - 1
+# The path and query of a request, in bytes: longer is 414. The server's own limit is on the whole
+# head (service/serve.py), far above it; this is the one a client can rely on.
+MAX_TARGET_BYTES = 4094
 _REFUSAL = "quota_ledger.refusal"  # the HTTPException the request is answered with, before any view
 _BODY_LEFT = "quota_ledger.body_left"  # bytes of the body were left on the connection
 _ASCII_ID = re.compile(r"[0-9]{1,19}\Z")
@@ -58,7 +62,10 @@ class Inbound:
         self.app, self.limit = app, limit
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        if "//" in environ.get("PATH_INFO", ""):
+        path = environ.get("PATH_INFO", "")
+        if len(path) + len(environ.get("QUERY_STRING", "")) > MAX_TARGET_BYTES:
+            environ[_REFUSAL] = RequestURITooLarge
+        elif "//" in path:
             environ[_REFUSAL] = NotFound
         elif environ.get("wsgi.input_terminated") and not environ.get("CONTENT_LENGTH"):
             body = environ["wsgi.input"].read(self.limit + 1)
@@ -102,10 +109,9 @@ def init_app(app: Flask) -> None:
 
     @app.after_request
     def _close_if_body_left(resp: Response) -> Response:
-        # Bytes of the body left on the connection come before the client's next request; gunicorn
-        # drains at most 64 kB of them, else closes the connection. Say so, so that a keep-alive
-        # client opens a new connection instead of failing its next request (service/serve.py makes
-        # gunicorn honour it).
+        # Bytes of the body left on the connection come before the client's next request. Say that
+        # the connection closes, so that a keep-alive client opens a new one instead of failing its
+        # next request (the server closes it when the app says so).
         if body_left_unread(limit):
             resp.headers["Connection"] = "close"
         return resp

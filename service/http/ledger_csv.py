@@ -9,7 +9,7 @@ from contextlib import ExitStack, closing
 from itertools import chain
 
 import psycopg
-from flask import Response, request
+from flask import Response
 
 from service.http.runtime import runtime
 from service.quota import export, ledger
@@ -43,7 +43,6 @@ def response(period: str) -> Response:
         )
         # The server closes the response when it is sent, or when sending it failed.
         resp.call_on_close(release(held.pop_all()))
-    stall_limit(rt.settings.export_idle_timeout)
     return resp
 
 
@@ -58,12 +57,3 @@ def release(held: ExitStack) -> Callable[[], None]:
             log.warning("export ended: %s", e)
 
     return close
-
-
-def stall_limit(seconds: float) -> None:
-    """A reader that takes nothing for `seconds` fails the response's next send: the server then closes
-    the connection (and so the export). gunicorn gives the app its socket; its gthread worker puts the
-    socket back to blocking for the connection's next request."""
-    sock = request.environ.get("gunicorn.socket")
-    if sock is not None:
-        sock.settimeout(seconds)

@@ -1,4 +1,4 @@
-"""Prometheus metrics. Under gunicorn, `serve` sets PROMETHEUS_MULTIPROC_DIR so that every worker
+"""Prometheus metrics. `serve` sets PROMETHEUS_MULTIPROC_DIR so that every worker
 process writes its samples to shared files and /metrics adds them up."""
 
 from __future__ import annotations

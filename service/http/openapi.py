@@ -73,14 +73,13 @@ def _refusal_responses(refusals: list[Refusal]) -> dict[int, dict[str, Any]]:
         body = max((BODIES[r] for r in group if r in BODIES), key=lambda b: len(b.__mro__), default=rs.Error)
         lines = [f"`{r.code}`: {' '.join((r.__doc__ or '').split())}" for r in group]
         codes = sorted({r.code for r in group})
-        responses[status] = {
+        response: dict[str, Any] = {
             "description": "\n".join(lines if len(lines) == 1 else [f"- {line}" for line in lines]),
-            "content": {
-                "application/json": {
-                    "schema": {"allOf": [body, {"type": "object", "properties": {"error": {"enum": codes}}}]}
-                }
-            },
         }
+        if not all(getattr(r, "bodiless", False) for r in group):
+            schema = {"allOf": [body, {"type": "object", "properties": {"error": {"enum": codes}}}]}
+            response["content"] = {"application/json": {"schema": schema}}
+        responses[status] = response
     return responses
 
 

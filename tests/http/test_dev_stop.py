@@ -81,10 +81,10 @@ def test_one_ctrl_c_stops_everything_every_time(db_url, redis_url, tmp_path):
                 f"curl -s http://127.0.0.1:{port}/v1/accounts/acc_1 -H "
                 f"'Authorization: Bearer {banner.split('product key:')[1].split()[0]}'"
             )
-            assert "Booting worker" not in banner and "celery beat" not in banner.lower()
+            assert "Spawning worker" not in banner and "celery beat" not in banner.lower()
             log = tmp_path / "dev.log"
             assert f"log:      {log}" in banner
-            assert "Listening at: http://127.0.0.1:" in log.read_text()  # gunicorn's lines are there
+            assert "Listening at: http://127.0.0.1:" in log.read_text()  # the server's lines are there
             assert "STRIPE_WEBHOOK_SECRETS=" in banner and "REVENUECAT_WEBHOOK_AUTH=" in banner
 
             stop_at = time.monotonic()

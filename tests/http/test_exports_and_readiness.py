@@ -5,6 +5,7 @@ whether takes can be served: a pool busy serving them is ready."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -83,10 +84,12 @@ class StalledReader:
         assert self.head.startswith(b"HTTP/1.1 200"), self.head
 
     def rest(self) -> bytes:
-        """What the server still sends before it closes the connection."""
+        """What the server still sends before it closes the connection (or the kernel resets it: the
+        server's send timed out)."""
         data = b""
-        while chunk := self.sock.recv(65536):
-            data += chunk
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := self.sock.recv(65536):
+                data += chunk
         return data
 
     def close(self) -> None:

@@ -1,6 +1,7 @@
-"""`quota-ledger serve` as deployed: a real gunicorn subprocess on a real socket, as the service's
-login role. Slow clients do not starve it, its own refusals are JSON, it cleans up after itself,
-and it refuses to start on a taken port or without WEBHOOK_ENVIRONMENT."""
+"""`quota-ledger serve` as deployed: a real server subprocess (granian) on a real socket, as the
+service's login role. Slow clients do not starve it, its refusals have the API's statuses (JSON where
+the app answers), it cleans up after itself, and it refuses to start on a taken port or without
+WEBHOOK_ENVIRONMENT."""
 
 from __future__ import annotations
 
@@ -146,26 +147,32 @@ def raw(port: int, data: bytes) -> tuple[int, dict[str, str], bytes]:
 
 
 @pytest.mark.slow
-def test_gunicorns_own_refusals_are_json_and_serve_cleans_up_its_metrics_folder(
-    app_db_url, redis_url, tmp_path
-):
+def test_refusals_before_the_app_and_serve_cleans_up_its_metrics_folder(app_db_url, redis_url, tmp_path):
     temp = tmp_path / "temp"
     temp.mkdir()
     env = serve_env(app_db_url, redis_url, TMPDIR=str(temp))
     with serving(env, "--workers", "1", log=tmp_path / "serve.log") as (port, proc):
         assert [p.name[:14] for p in temp.iterdir()] == ["quota-metrics-"]
+        # a target over 4094 bytes: the app's JSON error (docs/api.md)
+        got, headers, body = raw(
+            port, b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        assert (got, headers["content-type"]) == (414, "application/json"), body
+        assert json.loads(body)["error"] == "request_uri_too_long"
+        # what the server cannot read as a request: the status alone, and the connection closed
         cases = {
-            414: b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
-            431: b"GET / HTTP/1.1\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(200)) + b"\r\n",
-            400: b"NOT A REQUEST LINE\r\n\r\n",
+            431: [
+                b"GET / HTTP/1.1\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(200)) + b"\r\n",
+                b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"b" * 20_000 + b"\r\n\r\n",
+                b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+            ],
+            400: [b"NOT A REQUEST LINE\r\n\r\n"],
         }
-        for status, data in cases.items():
-            got, headers, body = raw(port, data)
-            assert got == status, body
-            assert headers["content-type"] == "application/json", headers
-            error = json.loads(body)
-            assert set(error) == {"error", "message"}, error
-            assert isinstance(error["error"], str) and error["error"] and error["message"]
+        for status, requests in cases.items():
+            for data in requests:
+                got, headers, body = raw(port, data)
+                assert (got, headers["connection"], body) == (status, "close", b""), (data[:40], headers)
+        assert request(port, "GET", "/healthz")[0] == 200  # and the server goes on
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
     assert list(temp.iterdir()) == []
@@ -245,7 +252,7 @@ def test_a_keep_alive_client_goes_on_after_a_refused_body_and_double_slashes_are
             # the client saw "close" and opens a new connection: the next request is answered
             assert ask("GET", "/v1/accounts/acc-1").status == 200, how
         kept = ask("GET", "/v1/accounts/acc-1")
-        assert kept.getheader("Connection") == "keep-alive"
+        assert kept.getheader("Connection") is None and not kept.will_close  # HTTP/1.1: kept alive
         client.close()
 
 
