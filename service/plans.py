@@ -199,6 +199,23 @@ def _thresholds(key: str, value: Any, default: tuple[int, ...]) -> tuple[int, ..
     return tuple(sorted(value))
 
 
+_PLAN_KEYS = frozenset(
+    {"limits", "features", "stripe_prices", "revenuecat_entitlements", "revenuecat_products", "thresholds"}
+)
+_PACK_KEYS = frozenset({"metric", "units", "expires_after_days", "stripe_prices", "revenuecat_products"})
+_METRIC_KEYS = frozenset({"kind", "reset"})
+
+
+def _table(key: str, body: Any, keys: frozenset[str], *, expected: str = "a table") -> dict[str, Any]:
+    """`body` as the table `key` names, or PlanConfigError if it is not a table or has other keys."""
+    if not isinstance(body, dict):
+        raise PlanConfigError(f"{key}: expected {expected}")
+    unknown = set(body) - keys
+    if unknown:
+        raise PlanConfigError(f"{key}: unknown keys {sorted(unknown)}")
+    return body
+
+
 def parse_plans(data: dict[str, Any]) -> PlanConfig:
     """Validate a parsed plans.toml; raises PlanConfigError naming the first bad entry."""
     free = data.get("free_plan")
@@ -211,18 +228,7 @@ def parse_plans(data: dict[str, Any]) -> PlanConfig:
     plans: dict[str, Plan] = {}
     seen: dict[tuple[str, str], str] = {}
     for name, body in raw.items():
-        if not isinstance(body, dict):
-            raise PlanConfigError(f"plans.{name}: expected a table")
-        unknown = set(body) - {
-            "limits",
-            "features",
-            "stripe_prices",
-            "revenuecat_entitlements",
-            "revenuecat_products",
-            "thresholds",
-        }
-        if unknown:
-            raise PlanConfigError(f"plans.{name}: unknown keys {sorted(unknown)}")
+        body = _table(f"plans.{name}", body, _PLAN_KEYS)
         limits = body.get("limits", {})
         if not isinstance(limits, dict):
             raise PlanConfigError(f"plans.{name}.limits: expected a table")
@@ -265,17 +271,7 @@ def _packs(
     packs: dict[str, CreditPack] = {}
     for name, body in raw.items():
         key = f"credit_packs.{name}"
-        if not isinstance(body, dict):
-            raise PlanConfigError(f"{key}: expected a table")
-        unknown = set(body) - {
-            "metric",
-            "units",
-            "expires_after_days",
-            "stripe_prices",
-            "revenuecat_products",
-        }
-        if unknown:
-            raise PlanConfigError(f"{key}: unknown keys {sorted(unknown)}")
+        body = _table(key, body, _PACK_KEYS)
         metric, units, days = body.get("metric"), body.get("units"), body.get("expires_after_days")
         if metric not in metrics:
             raise PlanConfigError(f"{key}.metric: expected a metric some plan lists in its limits")
@@ -320,11 +316,7 @@ def _kinds(raw: Any, metrics: tuple[str, ...]) -> dict[str, Metric]:
         key = f"metrics.{name}"
         if name not in metrics:
             raise PlanConfigError(f"{key}: no plan lists this metric in its limits")
-        if not isinstance(body, dict):
-            raise PlanConfigError(f'{key}: expected a table such as {{ kind = "allocation" }}')
-        unknown = set(body) - {"kind", "reset"}
-        if unknown:
-            raise PlanConfigError(f"{key}: unknown keys {sorted(unknown)}")
+        body = _table(key, body, _METRIC_KEYS, expected='a table such as { kind = "allocation" }')
         kind = body.get("kind", MetricKind.CONSUMABLE)
         if kind not in KINDS:
             raise PlanConfigError(f"{key}.kind: expected one of {', '.join(KINDS)}")

@@ -32,8 +32,9 @@ from service.http.runtime import runtime
 from service.http.schemas import requests as rq
 from service.http.validation import account_id, load
 from service.keys import hash_key
+from service.plans import PlanConfig
 from service.quota import accounts, admin, chain, grants, history, ledger, overrides, periods
-from service.vocabulary import GrantSource, InboxStatus, MetricKind, Provider, Role
+from service.vocabulary import InboxStatus, MetricKind, Provider, Role
 
 bp = Blueprint(
     "console",
@@ -290,6 +291,13 @@ _DONE = {
 }
 
 
+def _form_metric(plans: PlanConfig) -> str:
+    """The metric the form names (UnknownMetric if the plan config has none of that name)."""
+    metric = request.form.get("metric", "")
+    accounts.require_metric(plans, metric)
+    return metric
+
+
 def _done(id: str, what: str) -> BaseResponse:
     return redirect(url_for("console.account_page", id=id, done=what), code=303)
 
@@ -299,9 +307,7 @@ def _done(id: str, what: str) -> BaseResponse:
 def override(id: str) -> BaseResponse:
     """Set (limit, or blank for unlimited) or clear a metric's sticky override."""
     rt = runtime()
-    id = account_id(id)
-    metric = request.form.get("metric", "")
-    accounts.require_metric(rt.plans, metric)
+    id, metric = account_id(id), _form_metric(rt.plans)
     with rt.connection() as conn:
         if request.form.get("action") == "clear":
             overrides.clear_override(conn, rt.plans, account_id=id, metric=metric, actor=session().name)
@@ -323,9 +329,7 @@ def override(id: str) -> BaseResponse:
 def reset(id: str) -> BaseResponse:
     """An admin reset of a counter's current period (as POST /v1/admin/accounts/{id}/reset)."""
     rt = runtime()
-    id = account_id(id)
-    metric = request.form.get("metric", "")
-    accounts.require_metric(rt.plans, metric)
+    id, metric = account_id(id), _form_metric(rt.plans)
     with rt.connection() as conn:
         admin.reset_counter(
             conn, rt.plans, account_id=id, metric=metric, actor=session().name, period=rt.plans.period(metric)
@@ -351,27 +355,13 @@ def grant(id: str) -> BaseResponse:
         {
             "metric": form.get("metric", ""),
             "units": units,
-            # the form's datetime-local has no offset: it is read as UTC, as the page says
-            "expires_at": f"{expires}:00+00:00"
-            if len(expires) == len("YYYY-MM-DDTHH:MM")
-            else expires or None,
+            "expires_at": expires or None,
             "note": form.get("note", "").strip() or None,
             "idempotency_key": form.get("idempotency_key", ""),
         },
     )
     with rt.connection() as conn:
-        grants.create_grant(
-            conn,
-            rt.plans,
-            account_id=id,
-            metric=body["metric"],
-            units=body["units"],
-            expires_at=body.get("expires_at"),
-            note=body.get("note"),
-            source=GrantSource.ADMIN,
-            source_ref=body["idempotency_key"],
-            actor=session().name,
-        )
+        grants.admin_grant(conn, rt.plans, account_id=id, actor=session().name, **body)
     return _done(id, "granted")
 
 

@@ -26,7 +26,6 @@ from service.http.validation import account_id, json_body
 from service.quota import accounts, admin, features, grants, overrides
 from service.quota.accounts import MetricView
 from service.quota.features import FeatureView
-from service.vocabulary import GrantSource
 
 bp = Blueprint("admin", __name__, url_prefix="/v1/admin")
 
@@ -230,18 +229,7 @@ def post_grant(id: str) -> tuple[Response, int]:
     body = json_body(rq.GRANT_REQUEST)
     rt = runtime()
     with rt.connection() as conn:
-        grant = grants.create_grant(
-            conn,
-            rt.plans,
-            account_id=account_id(id),
-            metric=body["metric"],
-            units=body["units"],
-            expires_at=body.get("expires_at"),
-            note=body.get("note"),
-            source=GrantSource.ADMIN,
-            source_ref=body["idempotency_key"],
-            actor=actor(),
-        )
+        grant = grants.admin_grant(conn, rt.plans, account_id=account_id(id), actor=actor(), **body)
     return jsonify(rs.GRANT.dump(grant)), 201 if grant.created else 200
 
 

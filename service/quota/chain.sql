@@ -34,25 +34,16 @@ SELECT account_id, metric, chain_id, chain_seq, chain_hash
 -- Each counter's chain from its first row (in seq) with id >= `since` to its head, every row of it
 -- whatever its own id (ids are unique, not ordered: a Citus worker draws from its own range), plus,
 -- as an anchor that is not itself checked, the row just before in seq: the first checked row links to
--- its hash. Each branch reads the ledger itself (no CTE shared between them), grouped by the account,
--- so Citus pushes the whole walk down to the shards, where each counter's rows live.
+-- its hash. Grouped by the account and joined on it, so Citus pushes the whole walk down to the
+-- shards, where each counter's rows live.
 SELECT l.id, l.at, l.seq, l.account_id, l.metric, l.period, l.kind, l.units, l.used_after, l.lim,
-       l.take_id, l.idempotency_key, l.actor, l.prev_hash, l.hash, l.grant_id, false AS anchor
+       l.take_id, l.idempotency_key, l.actor, l.prev_hash, l.hash, l.grant_id, l.seq = c.first - 1 AS anchor
   FROM ledger l
   JOIN (SELECT account_id, metric, min(seq) AS first
           FROM ledger
          WHERE id >= %(since)s AND (%(account_id)s::text IS NULL OR account_id = %(account_id)s)
          GROUP BY account_id, metric) AS c
-    ON l.account_id = c.account_id AND l.metric = c.metric AND l.seq >= c.first
-UNION ALL
-SELECT a.id, a.at, a.seq, a.account_id, a.metric, a.period, a.kind, a.units, a.used_after, a.lim,
-       a.take_id, a.idempotency_key, a.actor, a.prev_hash, a.hash, a.grant_id, true AS anchor
-  FROM ledger a
-  JOIN (SELECT account_id, metric, min(seq) AS first
-          FROM ledger
-         WHERE id >= %(since)s AND (%(account_id)s::text IS NULL OR account_id = %(account_id)s)
-         GROUP BY account_id, metric) AS c
-    ON a.account_id = c.account_id AND a.metric = c.metric AND a.seq = c.first - 1
+    ON l.account_id = c.account_id AND l.metric = c.metric AND l.seq >= c.first - 1
  ORDER BY account_id, metric, seq
 
 -- name: chain_heads

@@ -115,6 +115,34 @@ def create_grant(
     return Grant(**{**vars(grant), "created": bool(row["created"])})
 
 
+def admin_grant(
+    conn: Connection,
+    plans: PlanConfig,
+    *,
+    account_id: str,
+    metric: str,
+    units: int,
+    idempotency_key: str,
+    actor: str,
+    expires_at: datetime | None = None,
+    note: str | None = None,
+) -> Grant:
+    """An admin's grant (the API's GrantRequest, from POST /v1/admin/accounts/{id}/grants or the
+    console's form): `create_grant` of source admin, keyed by the admin's idempotency key."""
+    return create_grant(
+        conn,
+        plans,
+        account_id=account_id,
+        metric=metric,
+        units=units,
+        source=GrantSource.ADMIN,
+        source_ref=idempotency_key,
+        actor=actor,
+        expires_at=expires_at,
+        note=note,
+    )
+
+
 def grant_of(conn: Connection, *, account_id: str, grant_id: int) -> Grant:
     """One grant of the account, or UnknownGrant."""
     found = list_grants(conn, account_id=account_id, grant_id=grant_id)

@@ -593,25 +593,20 @@ def release(
             raise UnknownTake(f"unknown take {take_id}")
         account_id = str(found[0])
     params = {"take_id": take_id, "period": period, "actor": actor, "account_id": account_id}
-    try:
-        with conn.cursor(row_factory=class_row(Release)) as cur:
-            done = cur.execute(Q.release, params).fetchone()
-    except psycopg.errors.UniqueViolation:
-        done = None  # a concurrent release of the same take committed first
-    if done is not None:
-        return done
-    with conn.cursor(row_factory=dict_row) as cur:
-        why = cur.execute(Q.release_refusal, params).fetchone()
-    if why is not None and why["drew_credits"] and not why["released"]:
+    # `release`; refused, the reason; a take that drew on grants and is not released yet goes once
+    # more through `release_credits`, and is judged by the reason read after that.
+    for query in (Q.release, Q.release_credits):
         try:
             with conn.cursor(row_factory=class_row(Release)) as cur:
-                done = cur.execute(Q.release_credits, params).fetchone()
+                done = cur.execute(query, params).fetchone()
         except psycopg.errors.UniqueViolation:
             done = None  # a concurrent release of the same take committed first
         if done is not None:
             return done
         with conn.cursor(row_factory=dict_row) as cur:
             why = cur.execute(Q.release_refusal, params).fetchone()
+        if why is None or not why["drew_credits"] or why["released"]:
+            break
     if why is None:
         raise UnknownTake(f"unknown take {take_id}")
     if why["released"]:

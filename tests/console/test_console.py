@@ -302,3 +302,13 @@ def test_an_admin_grants_credits_once_per_form_and_voids_them_finance_cannot(cli
     listed = client.get("/v1/accounts/acc-1/grants", headers=keys["product"]).json["grants"]
     assert (listed[0]["status"], listed[0]["remaining"]) == ("voided", 0)
     assert client.post("/console/accounts/other/grants/1/void", data={"csrf_token": token}).status_code == 404
+
+
+def test_the_grant_form_reads_its_expiry_as_utc(client, keys, account):
+    """The form's datetime-local has no offset: it is read as UTC, as the page says."""
+    signed_in(client, keys)
+    token = csrf_of(client.get("/console/accounts/acc-1").get_data(as_text=True))
+    form = {"metric": "urls", "units": "2", "expires_at": "2099-01-02T03:04", "idempotency_key": "exp-1"}
+    assert client.post("/console/accounts/acc-1/grant", data={**form, "csrf_token": token}).status_code == 303
+    [grant] = client.get("/v1/accounts/acc-1/grants", headers=keys["product"]).json["grants"]
+    assert (grant["units"], grant["expires_at"]) == (2, "2099-01-02T03:04:00+00:00")

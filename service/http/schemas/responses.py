@@ -166,30 +166,35 @@ class FeatureOverrideChange(AdminFeatureState):
     previous = fields.Boolean(allow_none=True, metadata={"description": "null: none was set"})
 
 
+def _limits(limit: type[MetricLimit]) -> fields.Dict:
+    """An account's counters by metric, each shown as `limit` (an account's or an admin's view)."""
+    return fields.Dict(keys=fields.String(), values=fields.Nested(limit), attribute="by_metric")
+
+
+def _features(state: type[FeatureState]) -> fields.Dict:
+    """An account's features by name, each shown as `state` (an account's or an admin's view)."""
+    return fields.Dict(
+        keys=fields.String(),
+        values=fields.Nested(state),
+        attribute="by_feature",
+        metadata={"description": "every feature any plan names"},
+    )
+
+
 class Account(Schema):
     id = fields.String()
     kind = fields.String(validate=one_of(AccountKind))
     plan = fields.String()
     subscription_status = fields.String(validate=one_of(SubscriptionStatus))
     deleted = fields.Boolean(metadata={"description": "soft-deleted by an admin: takes are refused (410)"})
-    limits = fields.Dict(keys=fields.String(), values=fields.Nested(MetricLimit), attribute="by_metric")
-    features = fields.Dict(
-        keys=fields.String(),
-        values=fields.Nested(FeatureState),
-        attribute="by_feature",
-        metadata={"description": "every feature any plan names"},
-    )
+    limits = _limits(MetricLimit)
+    features = _features(FeatureState)
 
 
 class AdminAccount(Account):
     stripe_customer_id = fields.String(allow_none=True)
-    limits = fields.Dict(keys=fields.String(), values=fields.Nested(AdminMetricLimit), attribute="by_metric")
-    features = fields.Dict(
-        keys=fields.String(),
-        values=fields.Nested(AdminFeatureState),
-        attribute="by_feature",
-        metadata={"description": "every feature any plan names"},
-    )
+    limits = _limits(AdminMetricLimit)
+    features = _features(AdminFeatureState)
 
 
 class GrantResponse(Schema):
