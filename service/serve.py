@@ -3,7 +3,7 @@
 Why granian: it reads requests and writes answers in Rust, and calls the app on a pool of blocking
 threads only once a request's head has arrived, so a client that sends its headers slowly holds no
 thread at all, and one that sends its body slowly holds one thread, not the process. It serves our
-take at about 0.7 of the CPU per request of gunicorn's threaded workers (bench/README.md, "Which
+take at about 0.6-0.8 of the CPU per request of gunicorn's threaded workers (bench/README.md, "Which
 server"). The database pool (DB_POOL_SIZE per process) is taken only once a request has arrived.
 In front of a public network, put a buffering proxy (compose: nginx) so that slow clients never
 reach the server at all (docs/operations.md).
