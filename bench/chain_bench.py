@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=10, help="per pgbench and take() run")
     ap.add_argument("--threads", type=int, default=8)
-    ap.add_argument("--workers", type=int, default=4, help="gunicorn workers per server")
+    ap.add_argument("--workers", type=int, default=4, help="worker processes per server")
     ap.add_argument("--wrk", default="-t2 -c32 -d10s", help="wrk settings, the same for both servers")
     ap.add_argument("--port", type=int, default=8111, help="chain on at PORT, off at PORT+1")
     ap.add_argument("--phases", nargs="+", default=["sql", "take", "http"], choices=["sql", "take", "http"])

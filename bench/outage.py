@@ -43,7 +43,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--outage", type=float, default=40.0, help="seconds Postgres stays down")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--workers", type=int, default=4, help="gunicorn workers (the serve default)")
+    ap.add_argument("--workers", type=int, default=4, help="serve workers (the serve default)")
     ap.add_argument("--clients", type=int, default=8, help="threads taking back to back")
     ap.add_argument(
         "--pgbouncer",

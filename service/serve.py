@@ -37,6 +37,11 @@ DEFAULT_THREADS = 16
 # answered 431 by granian itself, with no body (docs/api.md). The app refuses a long target itself
 # (414).
 HEAD_BUFFER_BYTES = 16 * 1024
+# Connections a worker serves at once (one that has not sent its whole head holds one for at most
+# HEADER_TIMEOUT_MS), and the listener's queue of connections not yet accepted.
+CONNECTIONS_PER_WORKER = 1000
+BACKLOG = 2048
+HEADER_TIMEOUT_MS = 10_000
 # A stopping worker finishes the requests it has for this long (SIGTERM to the master).
 GRACEFUL_SECONDS = 30
 # Prometheus multiprocess folders are named after the master that made them: a master that crashed
@@ -48,28 +53,62 @@ _PR_SET_PDEATHSIG = 1
 
 
 class PortInUse(RuntimeError):
-    """The address to bind is taken by another process."""
+    """The address to bind is taken by another process, or cannot be bound at all."""
+
+
+def _tcp_address(bind: str) -> tuple[socket.AddressFamily, tuple[Any, ...]]:
+    """HOST:PORT (a name, an IPv4 address, or [IPv6]) as the family and address to bind."""
+    host, _, port = bind.rpartition(":")
+    try:
+        infos = socket.getaddrinfo(
+            host.strip("[]") or "0.0.0.0", int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except (ValueError, OSError) as e:
+        raise PortInUse(f"cannot listen on {bind!r} ({e}); give --bind HOST:PORT or unix:PATH") from None
+    family, _, _, _, address = infos[0]
+    return family, address
+
+
+def _tcp_listener(bind: str, backlog: int) -> socket.socket:
+    """A listening socket on HOST:PORT. SO_REUSEADDR (a connection of an earlier run still in
+    TIME_WAIT is no conflict), never SO_REUSEPORT (another server on the port must fail to bind,
+    not share its traffic). Raises PortInUse when the address is taken."""
+    family, address = _tcp_address(bind)
+    s = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(address)
+        s.listen(backlog)
+    except OSError as e:
+        s.close()
+        if e.errno == errno.EADDRINUSE:
+            raise PortInUse(
+                f"port {address[1]} on {address[0]} is already in use; choose another with --bind HOST:PORT"
+            ) from None
+        raise PortInUse(f"cannot listen on {bind!r} ({e.strerror})") from None
+    return s
 
 
 def check_bind(bind: str) -> None:
-    """Raise PortInUse when HOST:PORT cannot be listened on, in one line, before anything starts (the
-    server would exit with a traceback)."""
-    if bind.startswith(("unix:", "fd://")):
-        return
-    host, _, port = bind.rpartition(":")
-    host = host.strip("[]") or "0.0.0.0"
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        # as the server binds: a connection of an earlier run still in TIME_WAIT is no conflict
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, int(port)))
-        except OSError as e:
-            if e.errno == errno.EADDRINUSE:
+    """Raise PortInUse, in one line and before anything starts, when `bind` cannot be listened on
+    (the server would exit with a traceback). A unix socket file that nothing answers on any more
+    (a server that was killed) is removed; one that answers is in use."""
+    if bind.startswith("unix:"):
+        path = bind[len("unix:") :]
+        if not os.path.exists(path):
+            return
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(path)
+            except ConnectionRefusedError:
+                os.unlink(path)  # stale: its server is gone
+                return
+            except OSError as e:
                 raise PortInUse(
-                    f"port {port} on {host} is already in use; choose another with --bind HOST:PORT"
+                    f"cannot listen on {path} ({e.strerror}); choose another with --bind"
                 ) from None
-            raise
+        raise PortInUse(f"{path} is already in use; choose another with --bind unix:PATH")
+    _tcp_listener(bind, 1).close()
 
 
 def remove_stale_metrics_dirs(root: Path) -> None:
@@ -87,7 +126,7 @@ def remove_stale_metrics_dirs(root: Path) -> None:
 
 
 def console_off() -> None:
-    """Say once, in the arbiter, why the console is off (each worker builds its app without it)."""
+    """Say once, in the master, why the console is off (each worker builds its app without it)."""
     from service.config import Settings
     from service.console import disabled_reason
 
@@ -111,40 +150,50 @@ def forget_dead_workers(metrics_dir: Path) -> None:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
+            multiprocess.mark_process_dead(pid, str(metrics_dir))  # type: ignore[no-untyped-call]
         except PermissionError:
             pass
 
 
 def worker_app(master: int, target: str) -> Any:
-    """Build the app in a worker process. When its master dies the kernel kills the worker (Linux's
-    parent-death signal): after a kill -9 of the master no orphan goes on serving, and the port is
-    free at once. SIGKILL, not SIGTERM: a stopping worker would first finish its keep-alive
-    connections, holding the listener. What its requests had begun rolls back with their
-    transactions, as on any crash, and a client retries with its idempotency key."""
+    """Build the app in a worker process.
+
+    A forked worker keeps the master's signal handlers, which do nothing in a child, until granian
+    installs its own once the app is built: a SIGTERM meanwhile (a stop right after a start) was
+    lost, and the master killed the worker only after GRACEFUL_SECONDS. Until then the defaults hold.
+
+    When its master dies the kernel kills the worker (Linux's parent-death signal): after a kill -9
+    of the master no orphan goes on serving, and the port is free at once. SIGKILL: the master is
+    gone, so there is no graceful stop to coordinate; what the worker's requests had begun rolls
+    back with their transactions, as on any crash, and a client retries with its idempotency key.
+    Elsewhere than Linux orphans are not stopped (granian does not watch its parent)."""
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != master:  # the master died before the signal was asked for
         os.kill(os.getpid(), signal.SIGKILL)
-    metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-    if metrics_dir:
-        with contextlib.suppress(OSError):
-            forget_dead_workers(Path(metrics_dir))
     from service import create_app
 
     return create_app()
 
 
 def server_class(send_timeout: float) -> type:
-    """granian's multi-process server, its workers accepting on one listener that has a send
-    timeout: a connection whose peer takes nothing for `send_timeout` seconds (a full window) is
-    ended by the kernel (TCP_USER_TIMEOUT, inherited by every accepted connection), which ends the
-    response and gives back what it held (a ledger export's cursor and connection:
-    docs/design/exports-and-readiness.md). granian has no write timeout of its own, and on Linux
-    each of its workers would open its own listener (SO_REUSEPORT) where no option can be set;
-    this is granian's path for the other platforms, one listener made by the master."""
-    from granian._granian import ListenerSpec
+    """granian's multi-process server, with what `serve` needs of it:
+
+    - Its workers accept on one listener, made here, that has a send timeout: a connection whose
+      peer takes nothing for `send_timeout` seconds (a full window) is ended by the kernel
+      (TCP_USER_TIMEOUT, inherited by every accepted connection), which ends the response and gives
+      back what it held (a ledger export's cursor and connection: docs/design/exports-and-readiness.md).
+      granian has no write timeout of its own, and on Linux each of its workers would open its own
+      listener (SO_REUSEPORT), where no option can be set and which another server could join.
+      A `unix:` socket is granian's own, without the send timeout.
+    - After workers are replaced (a crash, SIGHUP), the old ones' live gauges are dropped, so that
+      `livesum` gauges add up the running workers only.
+
+    Both reach into granian (`_init_shared_socket`, `_respawn_workers`): granian is pinned to a minor."""
+    from granian._granian import SocketHolder
     from granian.server.mp import MPServer
 
     class Server(MPServer):
@@ -152,13 +201,21 @@ def server_class(send_timeout: float) -> type:
             if self.bind_uds:
                 super()._init_shared_socket()  # type: ignore[no-untyped-call]
                 return
-            holder = ListenerSpec(self.bind_addr, self.bind_port, self.backlog).build()
-            listener = socket.socket(fileno=holder.get_fd())
+            listener = _tcp_listener(f"[{self.bind_addr}]:{self.bind_port}", self.backlog)
             listener.set_inheritable(True)
             if hasattr(socket, "TCP_USER_TIMEOUT"):
                 listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(send_timeout * 1000))
-            self._ssp, self._sfd, self._sso = None, holder.get_fd(), listener
-            self._shd = holder  # type: ignore[assignment]  # granian declares it None
+            # granian declares the fd and its holder None until its own code sets them
+            self._ssp, self._sso = None, listener
+            self._sfd = listener.fileno()  # type: ignore[assignment]
+            self._shd = SocketHolder(listener.fileno(), False, self.backlog)  # type: ignore[call-arg,assignment]
+
+        def _respawn_workers(self, *args: Any, **kwargs: Any) -> None:
+            super()._respawn_workers(*args, **kwargs)
+            metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+            if metrics_dir:
+                with contextlib.suppress(OSError):
+                    forget_dead_workers(Path(metrics_dir))
 
     return Server
 
@@ -186,18 +243,25 @@ def serve(*, bind: str, workers: int, threads: int = DEFAULT_THREADS, access_log
             prefix=f"{METRICS_DIR_PREFIX}{os.getpid()}-"
         )
     if bind.startswith("unix:"):
-        where: dict[str, Any] = {"uds": Path(bind[5:])}
+        where: dict[str, Any] = {"uds": Path(bind[len("unix:") :])}
     else:
-        host, _, port = bind.rpartition(":")
-        where = {"address": host.strip("[]") or "0.0.0.0", "port": int(port)}
+        _, address = _tcp_address(bind)
+        where = {"address": address[0], "port": address[1]}
     server = server_class(send_timeout)(
         "service:create_app",
         **where,
         interface=Interfaces.WSGI,
         http=HTTPModes.http1,
+        websockets=False,  # WSGI has none; said here so that granian does not log that it ignores them
         workers=workers,
         blocking_threads=threads,
-        http1_settings=HTTP1Settings(max_buffer_size=HEAD_BUFFER_BYTES),
+        # a connection holds one of a worker's `backpressure` slots until its request is read, for
+        # at most the header timeout (nginx's too): as many as gunicorn's 1,000 per worker
+        backlog=BACKLOG,
+        backpressure=CONNECTIONS_PER_WORKER,
+        http1_settings=HTTP1Settings(
+            max_buffer_size=HEAD_BUFFER_BYTES, header_read_timeout=HEADER_TIMEOUT_MS
+        ),
         respawn_failed_workers=True,
         workers_kill_timeout=GRACEFUL_SECONDS,
         log_access=access_log,

@@ -107,7 +107,7 @@ class BodyTooLarge(ServerAnswer):
 
 
 class RequestLineTooLong(ServerAnswer):
-    """The request's path and query are over 4094 bytes."""
+    """The request's path (percent-decoded) and query are over 4094 bytes."""
 
     status = 414
 

@@ -18,8 +18,9 @@ if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
 MAX_BIGINT = 2**63 - 1
-# The path and query of a request, in bytes: longer is 414. The server's own limit is on the whole
-# head (service/serve.py), far above it; this is the one a client can rely on.
+# The path (as the server decoded it) and query of a request, in characters: longer is 414. The
+# server's own limit is on the whole head (service/serve.py), far above it; this is the one a
+# client can rely on.
 MAX_TARGET_BYTES = 4094
 _REFUSAL = "quota_ledger.refusal"  # the HTTPException the request is answered with, before any view
 _BODY_LEFT = "quota_ledger.body_left"  # bytes of the body were left on the connection

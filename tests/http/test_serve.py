@@ -305,3 +305,17 @@ def test_a_crashed_master_frees_its_port_at_once_and_a_restart_cleans_up(app_db_
         while any(Path(f"/proc/{w}").exists() for w in workers):  # the orphans exit, too
             assert time.monotonic() < deadline, "orphaned workers still running"
             time.sleep(0.1)
+
+
+def test_a_new_worker_drops_the_live_gauges_of_dead_workers(tmp_path):
+    from service.serve import forget_dead_workers
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    for name in (f"gauge_livesum_{gone.pid}.db", f"counter_{gone.pid}.db", f"gauge_livesum_{os.getpid()}.db"):
+        (tmp_path / name).write_bytes(b"")
+    forget_dead_workers(tmp_path)
+    # a dead worker's live gauges go (livesum adds up the running ones); its counters are totals
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"counter_{gone.pid}.db", f"gauge_livesum_{os.getpid()}.db"]
+    )
