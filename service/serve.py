@@ -158,17 +158,11 @@ def forget_dead_workers(metrics_dir: Path) -> None:
 def worker_app(master: int, target: str) -> Any:
     """Build the app in a worker process.
 
-    A forked worker keeps the master's signal handlers, which do nothing in a child, until granian
-    installs its own once the app is built: a SIGTERM meanwhile (a stop right after a start) was
-    lost, and the master killed the worker only after GRACEFUL_SECONDS. Until then the defaults hold.
-
     When its master dies the kernel kills the worker (Linux's parent-death signal): after a kill -9
     of the master no orphan goes on serving, and the port is free at once. SIGKILL: the master is
     gone, so there is no graceful stop to coordinate; what the worker's requests had begun rolls
     back with their transactions, as on any crash, and a client retries with its idempotency key.
     Elsewhere than Linux orphans are not stopped (granian does not watch its parent)."""
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_DFL)
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -191,8 +185,12 @@ def server_class(send_timeout: float) -> type:
       A `unix:` socket is granian's own, without the send timeout.
     - After workers are replaced (a crash, SIGHUP), the old ones' live gauges are dropped, so that
       `livesum` gauges add up the running workers only.
+    - A forked worker keeps the master's handler of SIGTERM and SIGINT until granian installs its
+      own, once the app is built; run in a worker, that handler did nothing, so a stop right after
+      a start waited GRACEFUL_SECONDS for it. In a worker it now ends the worker.
 
-    Both reach into granian (`_init_shared_socket`, `_respawn_workers`): granian is pinned to a minor."""
+    These reach into granian (`_init_shared_socket`, `_respawn_workers`, `signal_handler_interrupt`):
+    granian is pinned to a minor."""
     from granian._granian import SocketHolder
     from granian.server.mp import MPServer
 
@@ -209,6 +207,11 @@ def server_class(send_timeout: float) -> type:
             self._ssp, self._sso = None, listener
             self._sfd = listener.fileno()  # type: ignore[assignment]
             self._shd = SocketHolder(listener.fileno(), False, self.backlog)  # type: ignore[call-arg,assignment]
+
+        def signal_handler_interrupt(self, *args: Any, **kwargs: Any) -> None:
+            if os.getpid() != self.pid:  # a worker that has not installed its own handlers yet
+                os._exit(0)
+            super().signal_handler_interrupt(*args, **kwargs)  # type: ignore[no-untyped-call]
 
         def _respawn_workers(self, *args: Any, **kwargs: Any) -> None:
             super()._respawn_workers(*args, **kwargs)

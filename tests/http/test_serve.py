@@ -319,3 +319,29 @@ def test_a_new_worker_drops_the_live_gauges_of_dead_workers(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [f"counter_{gone.pid}.db", f"gauge_livesum_{os.getpid()}.db"]
     )
+
+
+@pytest.mark.slow
+def test_a_stop_right_after_a_start_is_prompt(app_db_url, redis_url, tmp_path):
+    # a worker still building its app used to ignore SIGTERM, and the master waited 30 s for it
+    log = tmp_path / "serve.log"
+    bind = f"127.0.0.1:{free_port()}"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "serve", "--bind", bind, "--workers", "2"],
+            cwd=ROOT,
+            env=serve_env(app_db_url, redis_url),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while "Spawning worker-2" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
