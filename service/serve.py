@@ -77,6 +77,9 @@ def _tcp_listener(bind: str, backlog: int) -> socket.socket:
     s = socket.socket(family, socket.SOCK_STREAM)
     try:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # as granian's own listener: accepted connections inherit it, and an answer is sent at once
+        # rather than held back by Nagle's algorithm (measured: ~9% more web CPU per take without)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         s.bind(address)
         s.listen(backlog)
     except OSError as e:
