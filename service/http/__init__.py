@@ -44,9 +44,9 @@ def build_app(settings: Settings | None = None) -> Flask:
         ),
     )
     errors.init_app(app)
-    metrics.init_app(app)  # first of the before_request hooks, so that every answer is timed
     gauges.init_app(app)
     inbound.init_app(app)
+    metrics.init_app(app)  # the outermost WSGI wrapper, so that every answer is timed, refusals too
     for bp in (
         accounts.bp,
         admin.bp,

@@ -1,7 +1,7 @@
 """What the app takes from a client before any view runs: path ids of ASCII digits only, no `//` in a
 path (404, never a redirect built from the Host header), a request target of at most
-MAX_TARGET_BYTES (414), and the body-size limit for streamed bodies too; and a connection whose
-request body was not read to its end is closed, saying so."""
+MAX_TARGET_BYTES (414), and the body-size limit for streamed bodies too; the body read whole before
+the app runs, and a connection whose body is refused unread (too large) closed, saying so."""
 
 from __future__ import annotations
 
@@ -55,6 +55,11 @@ class Inbound:
     A path with `//` anywhere, leading included: werkzeug's router strips leading slashes, so
     `//v1/accounts/x` would be `/v1/accounts/x`, and merge_slashes (off, below) covers only the rest.
 
+    The body is read whole here, up to the limit, whatever the answer will be: so a view never waits
+    on the client, and no answer given before a view reads it (401, 404) leaves its bytes on a
+    keep-alive connection, to be taken for the client's next request. A body over the limit is left
+    unread and refused (413), and its connection closed (`body_left`).
+
     A body without Content-Length (chunked) reaches the app as a stream the server ends itself
     (`wsgi.input_terminated`), and werkzeug reads such a stream up to MAX_CONTENT_LENGTH and silently
     drops the rest. Read it here to one byte past the limit instead, so that a longer one is refused."""
@@ -64,14 +69,21 @@ class Inbound:
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
+        length = environ.get("CONTENT_LENGTH")
         if len(path) + len(environ.get("QUERY_STRING", "")) > MAX_TARGET_BYTES:
             environ[_REFUSAL] = RequestURITooLarge
         elif "//" in path:
             environ[_REFUSAL] = NotFound
-        elif environ.get("wsgi.input_terminated") and not environ.get("CONTENT_LENGTH"):
+        if length:
+            size = int(length) if length.isdigit() else 0  # werkzeug reads a malformed one as none
+            if size > self.limit:
+                environ[_BODY_LEFT] = True  # werkzeug refuses it (413) before any view reads it
+            elif size:
+                environ["wsgi.input"] = io.BytesIO(environ["wsgi.input"].read(size))
+        elif environ.get("wsgi.input_terminated"):
             body = environ["wsgi.input"].read(self.limit + 1)
             if len(body) > self.limit:
-                environ[_REFUSAL] = RequestEntityTooLarge
+                environ[_REFUSAL] = environ.get(_REFUSAL, RequestEntityTooLarge)
                 environ[_BODY_LEFT] = True
                 body = b""
             environ["wsgi.input"] = io.BytesIO(body)
@@ -79,18 +91,9 @@ class Inbound:
         return self.app(environ, start_response)
 
 
-def body_left_unread(limit: int) -> bool:
-    """Whether bytes of this request's body are still on the connection: refused for its size (over
-    `limit`), or never read by the view (an answer given before it, such as 401 or 404)."""
-    req = request._get_current_object()  # type: ignore[attr-defined]  # one proxy lookup, not four
-    if req.environ.get(_BODY_LEFT):
-        return True
-    length = req.content_length
-    if not length:
-        return False
-    if length > limit:
-        return True  # refused unread (413); asking for the stream would raise again
-    return bool(req.stream.tell() < length)  # what the view read of it
+def body_left(environ: WSGIEnvironment) -> bool:
+    """Whether bytes of this request's body are still on the connection: refused for its size."""
+    return bool(environ.get(_BODY_LEFT))
 
 
 def init_app(app: Flask) -> None:
@@ -113,6 +116,6 @@ def init_app(app: Flask) -> None:
         # Bytes of the body left on the connection come before the client's next request. Say that
         # the connection closes, so that a keep-alive client opens a new one instead of failing its
         # next request (the server closes it when the app says so).
-        if body_left_unread(limit):
+        if body_left(request.environ):
             resp.headers["Connection"] = "close"
         return resp

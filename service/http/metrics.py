@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Generic, TypeVar
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Generic, TypeVar
 
-from flask import Flask, Response, g, request
+from flask import Flask, Response, request
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     REGISTRY,
@@ -17,6 +18,9 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
 M = TypeVar("M", Counter, Histogram)
 
@@ -83,18 +87,33 @@ def render() -> Response:
     return Response(generate_latest(registry) + read_now, mimetype=CONTENT_TYPE_LATEST)
 
 
+_T0 = "quota_ledger.t0"  # when the request reached the app (time.perf_counter)
+
+
+class _Timed:
+    """Notes when a request reaches the app, before Flask builds its context (a WSGI wrapper costs a
+    call; a before_request hook costs Flask's dispatch of it on every request)."""
+
+    def __init__(self, app: WSGIApplication) -> None:
+        self.app = app
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        environ[_T0] = time.perf_counter()
+        return self.app(environ, start_response)
+
+
 def init_app(app: Flask) -> None:
-    @app.before_request
-    def _start() -> None:
-        g.t0 = time.perf_counter()
+    """Call after every other WSGI wrapper of the app, so that the timing covers them too."""
 
     @app.after_request
     def _observe(resp: Response) -> Response:
-        t0 = g.get("t0")
+        req = request._get_current_object()  # type: ignore[attr-defined]  # one proxy lookup, not four
+        t0 = req.environ.get(_T0)
         if t0 is not None:
-            req = request._get_current_object()  # type: ignore[attr-defined]  # one proxy lookup, not four
             method = req.method if req.method in METHODS else OTHER_METHOD
             rule = req.url_rule
             route = rule.rule if rule else UNMATCHED_ROUTE
             _REQUEST_SECONDS.labels(method, route, str(resp.status_code)).observe(time.perf_counter() - t0)
         return resp
+
+    app.wsgi_app = _Timed(app.wsgi_app)  # type: ignore[method-assign]

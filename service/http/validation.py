@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from flask import request
@@ -19,9 +20,10 @@ def json_body(schema: Schema) -> dict[str, Any]:
 
 def json_object() -> dict[str, Any]:
     """The request's body, a JSON object (else InvalidJson), not yet validated."""
+    raw = request.get_data()
     try:
-        data = request.get_json(silent=True, force=True) if request.get_data() else None
-    except RecursionError:  # nested deeper than the parser goes; `silent` covers only ValueError
+        data = json.loads(raw) if raw else None  # whatever its Content-Type says
+    except (ValueError, RecursionError):  # not JSON (or not UTF-8), or nested deeper than the parser goes
         data = None
     if not isinstance(data, dict):
         raise InvalidJson("the body must be a JSON object")

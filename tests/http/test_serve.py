@@ -253,6 +253,14 @@ def test_a_keep_alive_client_goes_on_after_a_refused_body_and_double_slashes_are
             assert ask("GET", "/v1/accounts/acc-1").status == 200, how
         kept = ask("GET", "/v1/accounts/acc-1")
         assert kept.getheader("Connection") is None and not kept.will_close  # HTTP/1.1: kept alive
+        # An answer given before any view reads the body (401) leaves none of it on the connection:
+        # the next request goes on the same socket and is read as itself.
+        sock = client.sock
+        client.request("POST", "/v1/accounts/acc-1/takes", body=b'{"metric": "urls"}' + b" " * 60_000)
+        early = client.getresponse()
+        early.read()
+        assert (early.status, early.getheader("Connection")) == (401, None)
+        assert ask("GET", "/v1/accounts/acc-1").status == 200 and client.sock is sock
         client.close()
 
 
