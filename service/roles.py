@@ -1,7 +1,9 @@
-"""The login role the service runs as: a member of `quota_app` (migration 0001), which reads the
-ledger and the audit log and appends to them only through the service's own operations (the
-definer functions of migrations/repeatable/), never changes or deletes a row, nor disables their
-triggers (only the owner of the tables, the role `migrate` runs as, may alter them)."""
+"""The login roles the service runs as. Web, worker and beat: a member of `quota_app` (migration
+0001), which reads the ledger and the audit log and appends to them only through the service's own
+operations (the definer functions of migrations/repeatable/), never changes or deletes a row, nor
+disables their triggers (only the owner of the tables, the role `migrate` runs as, may alter them).
+The relay: a member of `quota_relay` (migration 0028), which is quota_app and may also read the
+webhook endpoints' signing secrets, which quota_app may not."""
 
 from __future__ import annotations
 
@@ -12,24 +14,29 @@ import psycopg
 from psycopg import sql
 
 APP_GROUP = "quota_app"
+RELAY_GROUP = "quota_relay"
 
 
-def ensure_login_role(owner_url: str, name: str, password: str | None = None) -> None:
-    """Create the login role `name` as a member of quota_app, or bring an existing one in line (LOGIN,
-    the member, the password when one is given). Run it as the owner, after the migrations. Roles
-    belong to the whole cluster: several processes may run this at once, so losing the race to
-    create the role, or to change it, is retried rather than refused."""
-    role, group = sql.Identifier(name), sql.Identifier(APP_GROUP)
+def ensure_login_role(
+    owner_url: str, name: str, password: str | None = None, *, group: str = APP_GROUP
+) -> None:
+    """Create the login role `name` as a member of `group` (APP_GROUP or RELAY_GROUP), or bring an
+    existing one in line (LOGIN, the member, the password when one is given). Run it as the owner,
+    after the migrations. Roles belong to the whole cluster: several processes may run this at once,
+    so losing the race to create the role, or to change it, is retried rather than refused."""
+    if group not in (APP_GROUP, RELAY_GROUP):
+        raise ValueError(f"a login role joins {APP_GROUP} or {RELAY_GROUP}, not {group!r}")
+    role, group_id = sql.Identifier(name), sql.Identifier(group)
     secret = sql.SQL(" PASSWORD {}").format(sql.Literal(password)) if password else sql.SQL("")
     with psycopg.connect(owner_url, autocommit=True) as conn:
         for attempt in range(10):
             try:
                 exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchone()
                 if not exists:
-                    conn.execute(sql.SQL("CREATE ROLE {} LOGIN{} IN ROLE {}").format(role, secret, group))
+                    conn.execute(sql.SQL("CREATE ROLE {} LOGIN{} IN ROLE {}").format(role, secret, group_id))
                 else:
                     conn.execute(sql.SQL("ALTER ROLE {} LOGIN{}").format(role, secret))
-                    conn.execute(sql.SQL("GRANT {} TO {}").format(group, role))
+                    conn.execute(sql.SQL("GRANT {} TO {}").format(group_id, role))
                 return
             except (
                 psycopg.errors.DuplicateObject,  # created by another process since we looked

@@ -36,7 +36,7 @@ from service.keys import create_key
 from service.migrate import migrate
 from service.plans import PlanConfig, load_plans
 from service.quota.alerts import sync_thresholds
-from service.roles import as_login, ensure_login_role
+from service.roles import RELAY_GROUP, as_login, ensure_login_role
 from tests.citus import CLUSTER_GAPS, CLUSTER_SUITE, on_cluster
 from tests.citus.cluster import Cluster, unavailable_reason
 from tests.citus.cluster import start as start_cluster
@@ -51,6 +51,7 @@ REVENUECAT_AUTH = "Bearer rc-test-auth"
 # The login role the app and the workers run as in tests, a member of quota_app, as in production.
 # Shared by every test run on the server (roles are cluster-wide); creating it is race-safe.
 APP_ROLE = ("quota_ledger_test", "quota-ledger-test")
+RELAY_ROLE = ("quota_ledger_test_relay", "quota-ledger-test-relay")  # a member of quota_relay
 VIA_PGBOUNCER = os.environ.get("QL_TEST_PGBOUNCER") == "1"
 
 
@@ -183,13 +184,26 @@ def app_db_url(db_url: str, app_role: tuple[str, str]) -> str:
 
 
 @pytest.fixture(scope="session")
+def relay_role(pg_url: str, template_db: str) -> tuple[str, str]:
+    """The relay's login role (name, password): a member of quota_relay, made by the migrations."""
+    ensure_login_role(pg_url, *RELAY_ROLE, group=RELAY_GROUP)
+    return RELAY_ROLE
+
+
+@pytest.fixture
+def relay_db_url(db_url: str, relay_role: tuple[str, str]) -> str:
+    """This test's database as the relay sees it: the one role that may read signing secrets."""
+    return as_login(db_url, *relay_role)
+
+
+@pytest.fixture(scope="session")
 def app_server(pg_url: str) -> Iterator[str]:
     """Where the code under test connects: the Postgres server, or a PgBouncer in front of it."""
     if not VIA_PGBOUNCER:
         yield pg_url
         return
     try:
-        bouncer = PgBouncer(pg_url, users=(APP_ROLE,))
+        bouncer = PgBouncer(pg_url, users=(APP_ROLE, RELAY_ROLE))
     except Unavailable as e:
         pytest.skip(f"QL_TEST_PGBOUNCER=1, but {e}")
     os.environ["DB_PREPARED_STATEMENTS"] = "off"  # inherited by worker and CLI subprocesses

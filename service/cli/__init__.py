@@ -79,7 +79,7 @@ def _migrate_url(settings: Settings) -> str:
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     from service.migrate import NoMigrations, migrate
-    from service.roles import ensure_login_role
+    from service.roles import RELAY_GROUP, ensure_login_role
 
     settings = _settings()
     try:
@@ -90,6 +90,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     if args.login_role:
         ensure_login_role(settings.database_url, args.login_role, os.environ.get("LOGIN_ROLE_PASSWORD"))
         print(f"login role {args.login_role}: a member of quota_app")
+    if args.relay_role:
+        password = os.environ.get("RELAY_ROLE_PASSWORD")
+        ensure_login_role(settings.database_url, args.relay_role, password, group=RELAY_GROUP)
+        print(f"login role {args.relay_role}: a member of {RELAY_GROUP} (for `quota-ledger relay`)")
     return 0
 
 
@@ -646,6 +650,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="then create (or update) the login role NAME that the service runs as, a member of "
         "quota_app, with the password in LOGIN_ROLE_PASSWORD if set",
+    )
+    migrate.add_argument(
+        "--relay-role",
+        metavar="NAME",
+        help="then create (or update) the login role NAME that `relay` runs as, a member of "
+        "quota_relay (the one role that reads the endpoints' signing secrets), with the password "
+        "in RELAY_ROLE_PASSWORD if set",
     )
     migrate.set_defaults(func=cmd_migrate)
 

@@ -25,9 +25,11 @@ from service.config import Settings
 from service.webhooks.samples import STRIPE_ACTIVATES as ACTIVATING_EVENT
 
 DEV_DIR = Path(os.environ.get("QUOTA_DEV_DIR", ".dev"))
-# The login role `dev` runs web, worker and beat as (a member of quota_app); only migrate runs as the
+# The login roles `dev` runs web, worker and beat as (a member of quota_app), and the relay as (a
+# member of quota_relay, the one that reads the endpoints' signing secrets); only migrate runs as the
 # DATABASE_URL's own role.
 DEV_ROLE = "quota_dev"
+DEV_RELAY_ROLE = "quota_dev_relay"
 # Webhook credentials of a local run, set unless the environment has its own: `webhooks send-test`
 # signs with them, as a provider would.
 DEV_STRIPE_SECRET = "whsec_quota_ledger_dev"
@@ -56,7 +58,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     from service.keys import reissue_key
     from service.migrate import migrate
     from service.plans import load_plans
-    from service.roles import as_login, ensure_login_role
+    from service.roles import RELAY_GROUP, as_login, ensure_login_role
     from service.serve import PortInUse, check_bind
 
     try:
@@ -82,6 +84,8 @@ def cmd_dev(args: argparse.Namespace) -> int:
     # runs on one server do not change it under each other.
     password = unquote(urlsplit(settings.database_url).password or "") or None
     ensure_login_role(settings.database_url, DEV_ROLE, password)
+    ensure_login_role(settings.database_url, DEV_RELAY_ROLE, password, group=RELAY_GROUP)
+    relay_url = as_login(settings.database_url, DEV_RELAY_ROLE, password)
     env["DATABASE_URL"] = as_login(settings.database_url, DEV_ROLE, password)
     keys = {}
     with _connect(settings) as conn:
@@ -92,7 +96,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     log_path = (DEV_DIR / "dev.log").resolve()
     signals = _Signals()
     with open(log_path, "wb") as log:  # a new log each start; the children keep their own handles
-        procs = _start_children(env, args.bind, log)
+        procs = _start_children(env, args.bind, log, relay_url)
     try:
         failed = _wait_ready(procs, base, log_path, signals)
         if failed is None and not signals.count:
@@ -117,7 +121,8 @@ def _banner(base: str, settings: Settings, env: dict[str, str], keys: dict[str, 
     return f"""
 quota-ledger dev is running at {base}   (Ctrl-C stops everything)
   plans:    {settings.plans_file}
-  database: {settings.database_url}  (web, worker and beat connect as {DEV_ROLE}, a member of quota_app)
+  database: {settings.database_url}  (web, worker and beat connect as {DEV_ROLE},
+            a member of quota_app; the relay as {DEV_RELAY_ROLE}, of quota_relay)
   redis:    {settings.redis_url}
   log:      {log}  (web, worker, beat and relay)
   events:   the relay delivers events out to webhook endpoints (docs/events.md); local ones too:
@@ -156,11 +161,13 @@ class _Signals:
         self.count += 1
 
 
-def _start_children(env: dict[str, str], bind: str, log: IO[bytes]) -> dict[str, subprocess.Popen[bytes]]:
-    """web, worker, beat and relay, each in a session of its own: a terminal's Ctrl-C reaches only
-    `dev`, which then sends each child exactly one SIGTERM (a server worker that gets the
-    terminal's SIGINT and then its master's SIGTERM can hang inside its own shutdown), and can kill
-    each child's whole process group if it does not stop in time."""
+def _start_children(
+    env: dict[str, str], bind: str, log: IO[bytes], relay_url: str
+) -> dict[str, subprocess.Popen[bytes]]:
+    """web, worker, beat and relay (which connects to `relay_url`), each in a session of its own: a
+    terminal's Ctrl-C reaches only `dev`, which then sends each child exactly one SIGTERM (a server
+    worker that gets the terminal's SIGINT and then its master's SIGTERM can hang inside its own
+    shutdown), and can kill each child's whole process group if it does not stop in time."""
     cli = [sys.executable, "-m", "service.cli"]
     schedule = str((DEV_DIR / "celerybeat-schedule").resolve())
     commands = {
@@ -172,7 +179,7 @@ def _start_children(env: dict[str, str], bind: str, log: IO[bytes]) -> dict[str,
     return {
         name: subprocess.Popen(
             argv,
-            env=env,
+            env={**env, "DATABASE_URL": relay_url} if name == "relay" else env,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

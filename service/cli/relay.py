@@ -28,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def cmd_relay(args: argparse.Namespace) -> int:
     from service.cli import UsageError, _connect, _job_plans
-    from service.events.relay import Relay
+    from service.events.relay import CannotSign, Relay, check_can_sign
     from service.quota.alerts import sync_thresholds
 
     settings = _settings()
@@ -42,6 +42,10 @@ def cmd_relay(args: argparse.Namespace) -> int:
     # The plan file's thresholds reach the takes with the plan sync; the relay's start copies them
     # too, so a deployment that runs a relay fires them from its first minute (service/quota/alerts.py).
     with _connect(settings) as conn:
+        try:
+            check_can_sign(conn)  # before anything is claimed: a relay that cannot sign sends nothing
+        except CannotSign as e:
+            raise UsageError(str(e)) from None
         sync_thresholds(conn, _job_plans(settings))
     try:
         relay = Relay(

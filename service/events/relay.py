@@ -145,6 +145,23 @@ def tell_endpoint(conn: Connection, row: Claimed, outcome: transport.Outcome) ->
     return False
 
 
+class CannotSign(RuntimeError):
+    """The relay's database role may not read the endpoints' signing secrets."""
+
+
+def check_can_sign(conn: Connection) -> None:
+    """Raise CannotSign, saying what to do, unless this connection's role may read the secrets
+    (only quota_relay's members may: migrations/0028, docs/events.md "Who can do what")."""
+    row = conn.execute(Q.relay_can_sign).fetchone()
+    if not (row and row[0]):
+        user = conn.info.user
+        raise CannotSign(
+            f"the database role {user!r} may not read the webhook endpoints' signing secrets: run the "
+            "relay as a member of quota_relay (`quota-ledger migrate --relay-role NAME` creates one; "
+            "then give the relay a DATABASE_URL with that role)"
+        )
+
+
 class Relay:
     """Fan-out and delivery workers over one database. `run` until `stop` is set; `once` delivers
     what is due and returns."""

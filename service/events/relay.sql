@@ -1,5 +1,11 @@
 -- The relay's claim of a due delivery and the record of its attempt (service/events/relay.py).
 
+-- name: relay_can_sign
+-- Whether this connection's role may read the endpoints' signing secrets: a member of quota_relay
+-- (migrations/0028), or the tables' owner.
+SELECT has_column_privilege('webhook_endpoints', 'secret', 'SELECT')
+       AND has_column_privilege('webhook_endpoints', 'previous_secret', 'SELECT')
+
 -- name: relay_claim
 -- One due delivery of a live endpoint, locked for the attempt: the row stays locked while it is
 -- sent, so another relay skips it, and a relay that dies mid-send releases it for another (or its

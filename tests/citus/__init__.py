@@ -45,6 +45,7 @@ CLUSTER_SUITE = (
     "tests/events/test_relay.py",
     "tests/events/test_endpoints_api.py",
     "tests/events/test_end_to_end.py",
+    "tests/db/test_least_privilege.py",
 )
 
 # What of CLUSTER_SUITE does not hold on the cluster yet, and why (README "Scaling out", "Not yet on

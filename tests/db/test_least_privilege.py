@@ -12,8 +12,11 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
+import pytest
 
-from service.roles import as_login, ensure_login_role
+from service.events import endpoints
+from service.events.relay import CannotSign, check_can_sign
+from service.roles import RELAY_GROUP, as_login, ensure_login_role
 
 
 def test_the_app_connects_as_the_login_role(app):
@@ -69,11 +72,64 @@ def test_migrate_creates_the_login_role_it_is_given(db_url, pg_url):
 
 
 def test_every_table_is_granted_to_quota_app(conn):
-    """A migration that adds a table grants quota_app what the service needs on it (at least SELECT);
-    the service never runs as the owner, so a forgotten grant fails in production only."""
+    """A migration that adds a table grants quota_app what the service needs on it (at least SELECT,
+    of the table or of some of its columns: webhook_endpoints' secrets are the relay's alone); the
+    service never runs as the owner, so a forgotten grant fails in production only."""
     missing = conn.execute(
         "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
         " WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm')"
-        " AND c.relname NOT LIKE '%yoyo%' AND NOT has_table_privilege('quota_app', c.oid, 'SELECT')"
+        " AND c.relname NOT LIKE '%yoyo%' AND NOT has_any_column_privilege('quota_app', c.oid, 'SELECT')"
     ).fetchall()
     assert missing == []
+
+
+def test_only_the_relay_role_reads_the_signing_secrets(conn, app_db_url, relay_db_url):
+    """The web process (quota_app) lists endpoints but cannot read a secret, so it cannot sign an
+    event; the relay (quota_relay) can. Create and rotate hand a secret to the owner's functions."""
+    created = endpoints.create(
+        conn, url="http://127.0.0.1:9/hook", events=["quota.threshold_crossed"], allow_private=True, actor="t"
+    )
+    with psycopg.connect(app_db_url, autocommit=True) as web:
+        assert [e.id for e in endpoints.list_endpoints(web)] == [created.id]
+        for column in ("secret", "previous_secret", "*"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                web.execute(f"SELECT {column} FROM webhook_endpoints")
+        with pytest.raises(CannotSign, match="quota_relay"):
+            check_can_sign(web)
+        rotated = endpoints.rotate(web, endpoint_id=created.id, actor="test")  # through the owner's function
+    with psycopg.connect(relay_db_url, autocommit=True) as relay:
+        check_can_sign(relay)
+        row = relay.execute("SELECT secret, previous_secret FROM webhook_endpoints").fetchone()
+        assert row == (rotated.secret, created.secret)
+
+
+def test_migrate_creates_the_relay_role_it_is_given(db_url, pg_url):
+    """`migrate --relay-role NAME`, as compose runs it: a member of quota_relay (and so of quota_app)."""
+    name = f"ql_relay_{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "DATABASE_URL": db_url, "RELAY_ROLE_PASSWORD": "r3lay"}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "service.cli", "migrate", "--relay-role", name],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        with psycopg.connect(as_login(db_url, name, "r3lay"), autocommit=True) as c:
+            row = c.execute(
+                "SELECT pg_has_role(current_user, %s, 'MEMBER'),"
+                " pg_has_role(current_user, 'quota_app', 'MEMBER')",
+                (RELAY_GROUP,),
+            ).fetchone()
+            assert row == (True, True)
+            check_can_sign(c)
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as c:
+            c.execute(f'DROP ROLE IF EXISTS "{name}"')
+
+
+def test_a_login_role_joins_only_the_service_groups(pg_url):
+    with pytest.raises(ValueError, match="quota_app or quota_relay"):
+        ensure_login_role(pg_url, "ql_never", group="pg_read_server_files")

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -179,3 +180,21 @@ def test_the_relay_healthcheck_follows_its_heartbeat(tmp_path: Path) -> None:
     stale = time.time() - 3600
     os.utime(beat, (stale, stale))
     assert subprocess.run(check, timeout=30).returncode != 0  # the relay's loop stopped
+
+
+def test_the_relay_alone_connects_as_the_relay_role_migrate_creates() -> None:
+    """migrate makes two login roles; the relay connects as the one in quota_relay (which reads the
+    endpoints' signing secrets), every other service as the one in quota_app, with the passwords
+    migrate sets."""
+    every = services()
+    migrate = build_parser().parse_args(every["migrate"]["command"][1:])
+    assert (migrate.login_role, migrate.relay_role) == ("quota_service", "quota_relay_service")
+    users = {}
+    for name, service in every.items():
+        url = (service.get("environment") or {}).get("DATABASE_URL")
+        if url and name != "migrate" and service.get("command", [""])[0] == "quota-ledger":
+            users[name] = urlsplit(url).username, urlsplit(url).password
+    env = every["migrate"]["environment"]
+    assert users.pop("relay") == ("quota_relay_service", env["RELAY_ROLE_PASSWORD"])
+    assert set(users) == {"web", "worker", "beat"}
+    assert set(users.values()) == {("quota_service", env["LOGIN_ROLE_PASSWORD"])}

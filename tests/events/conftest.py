@@ -17,6 +17,12 @@ def receiver() -> Iterator[Receiver]:
 
 
 @pytest.fixture
-def relay_settings(settings: Settings) -> Settings:
-    """The service's settings for a relay that may reach the local receiver, retrying at once."""
-    return dataclasses.replace(settings, webhook_out_allow_private=True, webhook_out_retry_schedule=(0, 0, 0))
+def relay_settings(settings: Settings, relay_db_url: str) -> Settings:
+    """The service's settings for a relay, as the relay's role, that may reach the local receiver,
+    retrying at once."""
+    return dataclasses.replace(
+        settings,
+        database_url=relay_db_url,
+        webhook_out_allow_private=True,
+        webhook_out_retry_schedule=(0, 0, 0),
+    )

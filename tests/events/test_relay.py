@@ -255,11 +255,11 @@ def test_two_relays_at_once_send_each_event_once(conn, relay_settings, receiver)
     assert all(r.stats.delivered for r in relays), "both relays took part"
 
 
-def test_the_first_attempt_comes_within_two_seconds_of_the_commit(conn, settings, receiver):
+def test_the_first_attempt_comes_within_two_seconds_of_the_commit(conn, relay_settings, receiver):
     from service.events.relay import POLL
 
     add_endpoint(conn, receiver.url)
-    r = Relay(dataclasses.replace(settings, webhook_out_allow_private=True), workers=1, poll=POLL)
+    r = Relay(relay_settings, workers=1, poll=POLL)
     t = threading.Thread(target=r.run)
     t.start()
     try:

@@ -16,10 +16,10 @@ from tests.conftest import VIA_PGBOUNCER
 from tests.events.helpers import add_endpoint, delivery, emit
 
 
-def _env(app_db_url: str) -> dict[str, str]:
+def _env(relay_db_url: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WEBHOOK_OUT_")}
     env |= {
-        "DATABASE_URL": app_db_url,
+        "DATABASE_URL": relay_db_url,
         "WEBHOOK_OUT_ALLOW_PRIVATE": "true",
         "WEBHOOK_OUT_RETRY_SCHEDULE": "0",
     }
@@ -28,11 +28,11 @@ def _env(app_db_url: str) -> dict[str, str]:
     return env
 
 
-def _relay(app_db_url: str, log: Path, *args: str) -> subprocess.Popen[bytes]:
+def _relay(relay_db_url: str, log: Path, *args: str) -> subprocess.Popen[bytes]:
     with open(log, "ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "service.cli", "relay", "--workers", "1", *args],
-            env=_env(app_db_url),
+            env=_env(relay_db_url),
             stdout=out,
             stderr=subprocess.STDOUT,
         )
@@ -50,11 +50,11 @@ def _until_its_session_ended(conn) -> None:
         time.sleep(0.05)
 
 
-def test_a_relay_killed_mid_send_delivers_after_restart(conn, app_db_url, receiver, tmp_path):
+def test_a_relay_killed_mid_send_delivers_after_restart(conn, relay_db_url, receiver, tmp_path):
     endpoint = add_endpoint(conn, receiver.url)
     event = emit(conn)
     receiver.hold = True
-    first = _relay(app_db_url, tmp_path / "relay.log")
+    first = _relay(relay_db_url, tmp_path / "relay.log")
     try:
         receiver.wait_for(1)  # the receiver holds the request: the relay is mid-send
         first.send_signal(signal.SIGKILL)
@@ -67,7 +67,7 @@ def test_a_relay_killed_mid_send_delivers_after_restart(conn, app_db_url, receiv
     assert delivery(conn, event, endpoint.id)["attempts"] == 0  # the attempt was never recorded
     again = subprocess.run(
         [sys.executable, "-m", "service.cli", "relay", "--once"],
-        env=_env(app_db_url),
+        env=_env(relay_db_url),
         capture_output=True,
         text=True,
         timeout=60,
@@ -82,11 +82,11 @@ def test_a_relay_killed_mid_send_delivers_after_restart(conn, app_db_url, receiv
 
 
 def test_an_event_committed_while_no_relay_runs_is_delivered_when_one_starts(
-    conn, app_db_url, receiver, tmp_path
+    conn, relay_db_url, receiver, tmp_path
 ):
     endpoint = add_endpoint(conn, receiver.url)
     event = emit(conn)
-    relay = _relay(app_db_url, tmp_path / "relay.log")
+    relay = _relay(relay_db_url, tmp_path / "relay.log")
     try:
         receiver.wait_for(1)
         deadline = time.monotonic() + 10
@@ -98,12 +98,12 @@ def test_an_event_committed_while_no_relay_runs_is_delivered_when_one_starts(
         assert relay.wait(20) == 0
 
 
-def test_sigterm_lets_the_attempt_in_flight_finish(conn, app_db_url, receiver, tmp_path):
+def test_sigterm_lets_the_attempt_in_flight_finish(conn, relay_db_url, receiver, tmp_path):
     endpoint = add_endpoint(conn, receiver.url)
     event = emit(conn)
     receiver.hold = True
     log = tmp_path / "relay.log"
-    relay = _relay(app_db_url, log, "--heartbeat", str(tmp_path / "alive"))
+    relay = _relay(relay_db_url, log, "--heartbeat", str(tmp_path / "alive"))
     try:
         receiver.wait_for(1)
         relay.send_signal(signal.SIGTERM)
@@ -117,3 +117,30 @@ def test_sigterm_lets_the_attempt_in_flight_finish(conn, app_db_url, receiver, t
     assert delivery(conn, event, endpoint.id)["status"] == "delivered"
     assert (tmp_path / "alive").exists()
     assert "relay stopped" in log.read_text()
+
+
+def test_a_relay_whose_role_may_not_read_the_secrets_refuses_to_start(
+    conn, app_db_url, relay_db_url, receiver
+):
+    """Run as the web process's role (quota_app), the relay says which role to use and sends nothing."""
+    add_endpoint(conn, receiver.url)
+    emit(conn)
+    refused = subprocess.run(
+        [sys.executable, "-m", "service.cli", "relay", "--once"],
+        env=_env(app_db_url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert "quota_ledger_test" in refused.stderr and "quota_relay" in refused.stderr
+    assert "--relay-role" in refused.stderr
+    assert receiver.requests == []
+    done = subprocess.run(
+        [sys.executable, "-m", "service.cli", "relay", "--once"],
+        env=_env(relay_db_url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout.split(",")[0]) == (0, "1 delivered"), done.stderr

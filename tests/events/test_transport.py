@@ -101,7 +101,7 @@ def test_tls_goes_to_the_checked_address_and_verifies_the_name(tls_receiver, mon
 
 
 def test_a_name_rebound_to_loopback_at_delivery_is_refused_and_recorded(
-    conn, settings, receiver, monkeypatch
+    conn, relay_settings, receiver, monkeypatch
 ):
     monkeypatch.setattr(addresses, "lookup", lambda host, port: [PUBLIC])
     endpoint = endpoints.create(
@@ -109,7 +109,9 @@ def test_a_name_rebound_to_loopback_at_delivery_is_refused_and_recorded(
     )
     event = emit(conn, "credits.granted")
     monkeypatch.setattr(addresses, "lookup", lambda host, port: [LOOPBACK])
-    strict = dataclasses.replace(settings, webhook_out_retry_schedule=(3600,))
+    strict = dataclasses.replace(
+        relay_settings, webhook_out_allow_private=False, webhook_out_retry_schedule=(3600,)
+    )
     assert not strict.webhook_out_allow_private
     Relay(strict, workers=1, poll=0.05).once()
     d = delivery(conn, event, endpoint.id)

@@ -144,6 +144,16 @@ def test_dev_runs_as_the_login_role_and_keeps_three_keys_over_restarts(db_url, r
                 " WHERE datname = current_database() AND application_name = 'quota-ledger'"
             ).fetchall()
             assert users == [("quota_dev",)]  # the web pool, as the login role
+            # the relay, as the one role that may read the endpoints' signing secrets
+            relay_users: list[tuple[str]] = []
+            deadline = time.monotonic() + 30
+            while not relay_users and time.monotonic() < deadline:
+                relay_users = conn.execute(
+                    "SELECT DISTINCT usename FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND application_name = 'quota-ledger-relay'"
+                ).fetchall()
+                time.sleep(0.2)
+            assert relay_users == [("quota_dev_relay",)]
             os.killpg(proc.pid, signal.SIGINT)
             assert proc.wait(timeout=60) == 0
         finally:
