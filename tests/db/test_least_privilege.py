@@ -47,13 +47,21 @@ def test_ensure_login_role_is_race_safe(pg_url, template_db):
             c.execute(f'DROP ROLE IF EXISTS "{name}"')
 
 
-def test_migrate_creates_the_login_role_it_is_given(db_url, pg_url):
-    """As compose runs it: `migrate --login-role NAME` as the owner, the password from the environment."""
+@pytest.mark.parametrize(
+    "option, password_variable, group, signs",
+    [
+        ("--login-role", "LOGIN_ROLE_PASSWORD", "quota_app", False),
+        ("--relay-role", "RELAY_ROLE_PASSWORD", RELAY_GROUP, True),
+    ],
+)
+def test_migrate_creates_the_login_role_it_is_given(db_url, pg_url, option, password_variable, group, signs):
+    """As compose runs it: `migrate --login-role NAME` (the service's) or `--relay-role NAME` (the
+    relay's, which alone reads the signing secrets) as the owner, the password from the environment."""
     name = f"ql_login_{uuid.uuid4().hex[:8]}"
-    env = {**os.environ, "DATABASE_URL": db_url, "LOGIN_ROLE_PASSWORD": "s3cr3t"}
+    env = {**os.environ, "DATABASE_URL": db_url, password_variable: "s3cr3t"}
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "service.cli", "migrate", "--login-role", name],
+            [sys.executable, "-m", "service.cli", "migrate", option, name],
             env=env,
             capture_output=True,
             text=True,
@@ -63,9 +71,16 @@ def test_migrate_creates_the_login_role_it_is_given(db_url, pg_url):
         assert done.returncode == 0, done.stderr
         with psycopg.connect(as_login(db_url, name, "s3cr3t"), autocommit=True) as c:
             row = c.execute(
-                "SELECT current_user, pg_has_role(current_user, 'quota_app', 'MEMBER')"
+                "SELECT current_user, pg_has_role(current_user, %s, 'MEMBER'),"
+                " pg_has_role(current_user, 'quota_app', 'MEMBER')",
+                (group,),
             ).fetchone()
-            assert row == (name, True)
+            assert row == (name, True, True)
+            if signs:
+                check_can_sign(c)
+            else:
+                with pytest.raises(CannotSign):
+                    check_can_sign(c)
     finally:
         with psycopg.connect(pg_url, autocommit=True) as c:
             c.execute(f'DROP ROLE IF EXISTS "{name}"')
@@ -101,33 +116,6 @@ def test_only_the_relay_role_reads_the_signing_secrets(conn, app_db_url, relay_d
         check_can_sign(relay)
         row = relay.execute("SELECT secret, previous_secret FROM webhook_endpoints").fetchone()
         assert row == (rotated.secret, created.secret)
-
-
-def test_migrate_creates_the_relay_role_it_is_given(db_url, pg_url):
-    """`migrate --relay-role NAME`, as compose runs it: a member of quota_relay (and so of quota_app)."""
-    name = f"ql_relay_{uuid.uuid4().hex[:8]}"
-    env = {**os.environ, "DATABASE_URL": db_url, "RELAY_ROLE_PASSWORD": "r3lay"}
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "service.cli", "migrate", "--relay-role", name],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr
-        with psycopg.connect(as_login(db_url, name, "r3lay"), autocommit=True) as c:
-            row = c.execute(
-                "SELECT pg_has_role(current_user, %s, 'MEMBER'),"
-                " pg_has_role(current_user, 'quota_app', 'MEMBER')",
-                (RELAY_GROUP,),
-            ).fetchone()
-            assert row == (True, True)
-            check_can_sign(c)
-    finally:
-        with psycopg.connect(pg_url, autocommit=True) as c:
-            c.execute(f'DROP ROLE IF EXISTS "{name}"')
 
 
 def test_a_login_role_joins_only_the_service_groups(pg_url):

@@ -38,6 +38,16 @@ def _relay(relay_db_url: str, log: Path, *args: str) -> subprocess.Popen[bytes]:
         )
 
 
+def _relay_once(db_url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", "relay", "--once"],
+        env=_env(db_url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def _until_its_session_ended(conn) -> None:
     """The killed relay's database session ends (and its lock with it) when the server reads the
     closed socket; a restart that came sooner would skip the still-locked row for now."""
@@ -65,13 +75,7 @@ def test_a_relay_killed_mid_send_delivers_after_restart(conn, relay_db_url, rece
     receiver.release()
     _until_its_session_ended(conn)
     assert delivery(conn, event, endpoint.id)["attempts"] == 0  # the attempt was never recorded
-    again = subprocess.run(
-        [sys.executable, "-m", "service.cli", "relay", "--once"],
-        env=_env(relay_db_url),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    again = _relay_once(relay_db_url)
     assert again.returncode == 0, again.stderr
     assert again.stdout.startswith("1 delivered")
     assert receiver.ids() == [f"evt_{event}"] * 2  # the same webhook-id: the receiver dedupes on it
@@ -125,22 +129,10 @@ def test_a_relay_whose_role_may_not_read_the_secrets_refuses_to_start(
     """Run as the web process's role (quota_app), the relay says which role to use and sends nothing."""
     add_endpoint(conn, receiver.url)
     emit(conn)
-    refused = subprocess.run(
-        [sys.executable, "-m", "service.cli", "relay", "--once"],
-        env=_env(app_db_url),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    refused = _relay_once(app_db_url)
     assert refused.returncode == 2, refused.stderr
     assert "quota_ledger_test" in refused.stderr and "quota_relay" in refused.stderr
     assert "--relay-role" in refused.stderr
     assert receiver.requests == []
-    done = subprocess.run(
-        [sys.executable, "-m", "service.cli", "relay", "--once"],
-        env=_env(relay_db_url),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _relay_once(relay_db_url)
     assert (done.returncode, done.stdout.split(",")[0]) == (0, "1 delivered"), done.stderr
