@@ -8,6 +8,7 @@ webhook endpoints' signing secrets, which quota_app may not."""
 from __future__ import annotations
 
 import time
+from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import psycopg
@@ -21,9 +22,11 @@ def ensure_login_role(
     owner_url: str, name: str, password: str | None = None, *, group: str = APP_GROUP
 ) -> None:
     """Create the login role `name` as a member of `group` (APP_GROUP or RELAY_GROUP), or bring an
-    existing one in line (LOGIN, the member, the password when one is given). Run it as the owner,
-    after the migrations. Roles belong to the whole cluster: several processes may run this at once,
-    so losing the race to create the role, or to change it, is retried rather than refused."""
+    existing one in line (LOGIN, the member, the password when one is given; a service role, one of
+    APP_GROUP, loses RELAY_GROUP if it had it: a login once shared with the relay must not keep the
+    secrets). Run it as the owner, after the migrations. Roles belong to the whole cluster: several
+    processes may run this at once, so losing the race to create the role, or to change it, is
+    retried rather than refused."""
     if group not in (APP_GROUP, RELAY_GROUP):
         raise ValueError(f"a login role joins {APP_GROUP} or {RELAY_GROUP}, not {group!r}")
     role, group_id = sql.Identifier(name), sql.Identifier(group)
@@ -37,6 +40,8 @@ def ensure_login_role(
                 else:
                     conn.execute(sql.SQL("ALTER ROLE {} LOGIN{}").format(role, secret))
                     conn.execute(sql.SQL("GRANT {} TO {}").format(group_id, role))
+                    if group == APP_GROUP and _member_of(conn, name, RELAY_GROUP):
+                        conn.execute(sql.SQL("REVOKE {} FROM {}").format(sql.Identifier(RELAY_GROUP), role))
                 return
             except (
                 psycopg.errors.DuplicateObject,  # created by another process since we looked
@@ -46,6 +51,16 @@ def ensure_login_role(
                 if attempt == 9:
                     raise
                 time.sleep(0.05 * (attempt + 1))
+
+
+def _member_of(conn: psycopg.Connection[Any], name: str, group: str) -> bool:
+    """Whether `name` is a direct member of `group` (one that exists)."""
+    row = conn.execute(
+        "SELECT EXISTS (SELECT FROM pg_auth_members m JOIN pg_roles g ON g.oid = m.roleid"
+        " JOIN pg_roles r ON r.oid = m.member WHERE g.rolname = %s AND r.rolname = %s)",
+        (group, name),
+    ).fetchone()
+    return bool(row and row[0])
 
 
 def as_login(url: str, name: str, password: str | None = None) -> str:

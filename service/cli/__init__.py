@@ -82,6 +82,11 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     from service.roles import RELAY_GROUP, ensure_login_role
 
     settings = _settings()
+    if args.login_role and args.login_role == args.relay_role:
+        raise UsageError(
+            "--login-role and --relay-role name one role: the relay's must be its own, the one that "
+            "reads the signing secrets"
+        )
     try:
         applied = migrate(_migrate_url(settings))
     except NoMigrations as e:

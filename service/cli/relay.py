@@ -8,9 +8,12 @@ import logging
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from service.cli import _settings
+
+if TYPE_CHECKING:
+    from service.events.relay import Relay
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -53,7 +56,14 @@ def cmd_relay(args: argparse.Namespace) -> int:
         )
     except ValueError as e:
         raise UsageError(str(e)) from None
-    if args.once:
+    try:
+        return _run(relay, once=args.once)
+    except CannotSign as e:  # the role lost the secrets while the relay ran (an upgrade: 0028)
+        raise UsageError(str(e)) from None
+
+
+def _run(relay: Relay, *, once: bool) -> int:
+    if once:
         stats = relay.once()
         print(
             f"{stats.delivered} delivered, {stats.failed_attempts} failed attempts, "

@@ -185,6 +185,7 @@ class Relay:
         self._lock = threading.Lock()
         self._sending: Counter[str] = Counter()
         self._rng = random.Random()
+        self.cannot_sign = False  # a worker's claim was refused for the role's privileges
 
     def _connect(self) -> Connection:
         return connect(self.settings, application_name="quota-ledger-relay")
@@ -240,6 +241,12 @@ class Relay:
                     continue
                 if until_idle:
                     break
+            except psycopg.errors.InsufficientPrivilege:
+                # The role lost the secrets under a running relay (migrations/0028 applied, the
+                # relay still on the service's role): every claim would fail the same way, while
+                # fan-out and the heartbeat went on looking healthy. Stop, and say why.
+                self.cannot_sign = True
+                self.stop.set()
             except psycopg.OperationalError as e:
                 log.warning("relay worker: database error, reconnecting: %s", e)
                 if conn is not None:
@@ -287,6 +294,7 @@ class Relay:
             self.purge(conn)
         for t in self._threads(until_idle=True):
             t.join()
+        self._raise_if_cannot_sign()
         return self.stats
 
     def run(self) -> None:
@@ -328,6 +336,13 @@ class Relay:
                 conn.close()
             self._report()
             log.info("relay stopped")
+        self._raise_if_cannot_sign()
+
+    def _raise_if_cannot_sign(self) -> None:
+        if self.cannot_sign:
+            with self._connect() as conn:
+                check_can_sign(conn)  # raises CannotSign, naming the role to use
+            raise CannotSign("a claim was refused for the relay's database role: permission denied")
 
     def _report(self) -> None:
         s = self.stats

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException, NotFound, RequestEntityTooLarge, RequestURITooLarge
 from werkzeug.routing import IntegerConverter, ValidationError
+from werkzeug.wsgi import get_content_length
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
@@ -58,7 +59,7 @@ class Inbound:
     The body is read whole here, up to the limit, whatever the answer will be: so a view never waits
     on the client, and no answer given before a view reads it (401, 404) leaves its bytes on a
     keep-alive connection, to be taken for the client's next request. A body over the limit is left
-    unread and refused (413), and its connection closed (`body_left`).
+    unread and refused (413) whatever the route, and its connection closed (`body_left`).
 
     A body without Content-Length (chunked) reaches the app as a stream the server ends itself
     (`wsgi.input_terminated`), and werkzeug reads such a stream up to MAX_CONTENT_LENGTH and silently
@@ -69,26 +70,33 @@ class Inbound:
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
-        length = environ.get("CONTENT_LENGTH")
         if len(path) + len(environ.get("QUERY_STRING", "")) > MAX_TARGET_BYTES:
             environ[_REFUSAL] = RequestURITooLarge
         elif "//" in path:
             environ[_REFUSAL] = NotFound
-        if length:
-            size = int(length) if length.isdigit() else 0  # werkzeug reads a malformed one as none
-            if size > self.limit:
-                environ[_BODY_LEFT] = True  # werkzeug refuses it (413) before any view reads it
-            elif size:
-                environ["wsgi.input"] = io.BytesIO(environ["wsgi.input"].read(size))
-        elif environ.get("wsgi.input_terminated"):
-            body = environ["wsgi.input"].read(self.limit + 1)
-            if len(body) > self.limit:
-                environ[_REFUSAL] = environ.get(_REFUSAL, RequestEntityTooLarge)
-                environ[_BODY_LEFT] = True
-                body = b""
-            environ["wsgi.input"] = io.BytesIO(body)
-            environ["CONTENT_LENGTH"] = str(len(body))
+        # As werkzeug reads it: None when chunked (which overrides a Content-Length) or not given,
+        # 0 when malformed (ASCII digits only).
+        length = get_content_length(environ)
+        if length is None:
+            if environ.get("wsgi.input_terminated"):
+                self._read_chunked(environ)
+        elif length > self.limit:
+            environ[_REFUSAL] = environ.get(_REFUSAL, RequestEntityTooLarge)
+            environ[_BODY_LEFT] = True
+        elif length:
+            environ["wsgi.input"] = io.BytesIO(environ["wsgi.input"].read(length))
         return self.app(environ, start_response)
+
+    def _read_chunked(self, environ: WSGIEnvironment) -> None:
+        """The de-chunked body, to one byte past the limit; from here on it is a body of that length."""
+        body = environ["wsgi.input"].read(self.limit + 1)
+        if len(body) > self.limit:
+            environ[_REFUSAL] = environ.get(_REFUSAL, RequestEntityTooLarge)
+            environ[_BODY_LEFT] = True
+            body = b""
+        environ["wsgi.input"] = io.BytesIO(body)
+        environ["CONTENT_LENGTH"] = str(len(body))
+        environ.pop("HTTP_TRANSFER_ENCODING", None)
 
 
 def body_left(environ: WSGIEnvironment) -> bool:

@@ -121,3 +121,26 @@ def test_only_the_relay_role_reads_the_signing_secrets(conn, app_db_url, relay_d
 def test_a_login_role_joins_only_the_service_groups(pg_url):
     with pytest.raises(ValueError, match="quota_app or quota_relay"):
         ensure_login_role(pg_url, "ql_never", group="pg_read_server_files")
+
+
+def test_a_service_login_once_shared_with_the_relay_loses_the_secrets(pg_url, db_url):
+    """A deployment that ran web and relay as one login: making it the service's role again takes
+    quota_relay back, and migrate refuses one name for both roles."""
+    name = f"ql_shared_{uuid.uuid4().hex[:8]}"
+    try:
+        ensure_login_role(pg_url, name, "pw", group=RELAY_GROUP)
+        ensure_login_role(pg_url, name, "pw")
+        with psycopg.connect(as_login(db_url, name, "pw"), autocommit=True) as c, pytest.raises(CannotSign):
+            check_can_sign(c)
+        done = subprocess.run(
+            [sys.executable, "-m", "service.cli", "migrate", "--login-role", name, "--relay-role", name],
+            env={**os.environ, "DATABASE_URL": db_url},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 2 and "--relay-role" in done.stderr, done.stderr
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as c:
+            c.execute(f'DROP ROLE IF EXISTS "{name}"')

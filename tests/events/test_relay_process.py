@@ -136,3 +136,23 @@ def test_a_relay_whose_role_may_not_read_the_secrets_refuses_to_start(
     assert receiver.requests == []
     done = _relay_once(relay_db_url)
     assert (done.returncode, done.stdout.split(",")[0]) == (0, "1 delivered"), done.stderr
+
+
+def test_a_running_relay_that_loses_the_secrets_stops_and_says_why(conn, relay_db_url, receiver, tmp_path):
+    """An upgrade that took the secrets from the relay's role under a running relay: its claims fail
+    while fan-out and the heartbeat would go on looking healthy, so it stops (exit 2), naming the role."""
+    add_endpoint(conn, receiver.url)
+    log = tmp_path / "relay.log"
+    relay = _relay(relay_db_url, log, "--heartbeat", str(tmp_path / "alive"))
+    try:
+        deadline = time.monotonic() + 20
+        while not (tmp_path / "alive").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        conn.execute("REVOKE SELECT (secret, previous_secret) ON webhook_endpoints FROM quota_relay")
+        emit(conn)
+        assert relay.wait(20) == 2
+    finally:
+        if relay.poll() is None:
+            relay.kill()
+    assert "may not read the webhook endpoints' signing secrets" in log.read_text()
+    assert receiver.requests == []

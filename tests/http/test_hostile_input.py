@@ -122,6 +122,31 @@ def test_a_body_left_unread_closes_the_connection_and_says_so(client, keys, acco
     assert "Connection" not in early.headers
     read = client.post(f"/v1/accounts/{account}/takes", json={"metric": "urls"}, headers=keys["product"])
     assert read.status_code == 201 and "Connection" not in read.headers
+    # Over the limit is 413 on any route, before auth, even one whose view reads no body.
+    for method, path in (("GET", "/healthz"), ("POST", "/v1/takes/1/release")):
+        big = client.open(path, method=method, data=b" " * (LIMIT + 1))
+        assert_error(big, 413)
+        assert big.headers["Connection"] == "close"
+
+
+def test_a_chunked_body_overrides_a_content_length(client, keys, account):
+    """Transfer-Encoding: chunked wins over a Content-Length sent with it (RFC 9112 6.3), as werkzeug
+    reads it: the body is the de-chunked stream, not the Content-Length's first bytes."""
+    body = json.dumps({"metric": "urls", "idempotency_key": "k" * 60}).encode()
+    r = client.post(
+        f"/v1/accounts/{account}/takes",
+        data=body,
+        headers={**keys["product"], "Content-Type": "application/json"},
+        # as a server passes such a request on: both headers, the stream de-chunked and ended
+        environ_overrides={
+            "CONTENT_LENGTH": "5",
+            "HTTP_TRANSFER_ENCODING": "chunked",
+            "wsgi.input_terminated": True,
+        },
+    )
+    assert r.status_code == 201, r.get_json()  # its first 5 bytes alone would be 400, not JSON
+    again = client.post(f"/v1/accounts/{account}/takes", data=body, headers=keys["product"])
+    assert again.status_code == 200  # the key was read too: the same take, replayed
 
 
 @pytest.fixture

@@ -93,7 +93,7 @@ class SlowClient:
         self.sock = socket.create_connection(("127.0.0.1", port))
         head = (
             b"POST /v1/accounts/acc-1/takes HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Authorization: Bearer " + key.encode() + b"\r\n"  # so that the app waits for the body
+            b"Authorization: Bearer " + key.encode() + b"\r\n"  # a take's: the app reads its body first
         )
         if body:
             self.sock.sendall(head + b"Content-Length: 100000\r\n\r\n")
