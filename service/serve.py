@@ -40,6 +40,8 @@ HEAD_BUFFER_BYTES = 16 * 1024
 # Connections a worker serves at once (one that has not sent its whole head holds one for at most
 # HEADER_TIMEOUT_MS), and the listener's queue of connections not yet accepted.
 CONNECTIONS_PER_WORKER = 1000
+# A worker's descriptors besides its clients': database and Redis connections, metric files, logs.
+OPEN_FILES_BESIDES_CONNECTIONS = 1000
 BACKLOG = 2048
 HEADER_TIMEOUT_MS = 10_000
 # A stopping worker finishes the requests it has for this long (SIGTERM to the master).
@@ -226,6 +228,20 @@ def server_class(send_timeout: float) -> type:
     return Server
 
 
+def raise_open_files(needed: int) -> int:
+    """Raise this process's soft limit of open files towards `needed` (never past the hard limit),
+    for its workers to inherit; returns the soft limit now. A common default of 1,024 would leave
+    a worker that holds its CONNECTIONS_PER_WORKER clients without descriptors for its database
+    connections, and its accepts failing."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        soft = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    return soft
+
+
 def serve(*, bind: str, workers: int, threads: int = DEFAULT_THREADS, access_log: bool = False) -> None:
     """Run granian until it is stopped. Raises PortInUse before starting when `bind` is taken."""
     from granian.constants import HTTPModes, Interfaces
@@ -235,6 +251,7 @@ def serve(*, bind: str, workers: int, threads: int = DEFAULT_THREADS, access_log
 
     check_bind(bind)
     console_off()
+    raise_open_files(CONNECTIONS_PER_WORKER + OPEN_FILES_BESIDES_CONNECTIONS)
     try:
         send_timeout = Settings.from_env().export_idle_timeout
     except RuntimeError:  # the workers' create_app says what is wrong with the settings

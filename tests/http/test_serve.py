@@ -134,6 +134,48 @@ def test_slow_clients_do_not_starve_the_workers(app_db_url, redis_url, conn, tmp
         assert all(c.thread.is_alive() for c in slow)  # and the slow clients are still sending
 
 
+@pytest.mark.slow
+def test_a_flood_of_idle_connections_starves_nothing_and_is_closed(app_db_url, redis_url, conn, tmp_path):
+    """1,500 connections that send nothing (three quarters of two workers' slots): /healthz and a
+    take still answer within a second, and the server closes every one of them once the head
+    timeout has passed, so an idle flood holds nothing for ever."""
+    import resource
+
+    from service.serve import HEADER_TIMEOUT_MS
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2000:  # this process holds the 1,500 sockets
+        if hard != resource.RLIM_INFINITY and hard < 2000:
+            pytest.skip(f"needs 2,000 open files, and this process may open {hard} (ulimit -Hn)")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (2000, hard))
+    key = create_key(conn, name="flood-test", role="product")
+    with serving(serve_env(app_db_url, redis_url), "--workers", "2", log=tmp_path / "serve.log") as (port, _):
+        assert request(port, "PUT", "/v1/accounts/acc-1", {"kind": "user"}, key)[0] == 201
+        with ExitStack() as stack:
+            idle = [stack.enter_context(socket.create_connection(("127.0.0.1", port))) for _ in range(1500)]
+            opened = time.monotonic()
+            time.sleep(0.5)  # accepted by the workers, every one holding a slot
+            for _ in range(6):
+                started = time.monotonic()
+                assert request(port, "GET", "/healthz", timeout=1)[0] == 200
+                status, _ = request(
+                    port, "POST", "/v1/accounts/acc-1/takes", {"metric": "urls"}, key, timeout=1
+                )
+                assert status == 201
+                assert time.monotonic() - started < 2
+            closed = 0
+            for s in idle:
+                s.settimeout(max(opened + HEADER_TIMEOUT_MS / 1000 + 10 - time.monotonic(), 0.1))
+                try:
+                    closed += s.recv(1) == b""
+                except ConnectionResetError:
+                    closed += 1
+                except TimeoutError:
+                    pass
+            assert closed == len(idle)
+        assert request(port, "GET", "/healthz", timeout=1)[0] == 200
+
+
 def raw(port: int, data: bytes) -> tuple[int, dict[str, str], bytes]:
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
         s.sendall(data)
@@ -353,3 +395,25 @@ def test_a_stop_right_after_a_start_is_prompt(app_db_url, redis_url, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_serve_raises_its_open_files_limit_for_its_connections():
+    """A soft limit of 256 (the hard one allowing more) would leave a worker with 1,000 clients no
+    descriptors for its database: serve raises it before its workers start, never past the hard one."""
+    script = (
+        "import resource; from service.serve import raise_open_files; "
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE); "
+        "print(raise_open_files(1500), resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)"
+    )
+
+    def low() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, preexec_fn=low, capture_output=True, text=True, check=True
+    ).stdout.split()
+    returned, soft, hard = (int(x) for x in out)
+    assert returned == soft == (1500 if hard == -1 else min(1500, hard))
+    assert soft > 256
