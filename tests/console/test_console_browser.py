@@ -38,13 +38,27 @@ def key_of(header: dict[str, str]) -> str:
 def click_through(driver: Any, element: Any) -> None:
     """Click what loads another page, and wait until it has: a click returns before the browser has
     left the page, and a look straight after it may read the old one (it did, once, on a busy CI)."""
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
 
     old = driver.find_element(By.TAG_NAME, "html")
     element.click()
-    WebDriverWait(driver, 20).until(expected_conditions.staleness_of(old))
+
+    def left(_: Any) -> bool:
+        # selenium's staleness_of, plus the way Chromium says it mid-navigation: asked about a node
+        # of the page being replaced, it answers "does not belong to the document", not "stale"
+        try:
+            old.is_enabled()
+        except StaleElementReferenceException:
+            return True
+        except WebDriverException as e:
+            if "does not belong to the document" in str(e):
+                return True
+            raise
+        return False
+
+    WebDriverWait(driver, 20).until(left)
 
 
 def sign_in(driver: Any, base: str, key: str) -> None:
