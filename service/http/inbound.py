@@ -81,8 +81,7 @@ class Inbound:
             if environ.get("wsgi.input_terminated"):
                 self._read_chunked(environ)
         elif length > self.limit:
-            environ[_REFUSAL] = environ.get(_REFUSAL, RequestEntityTooLarge)
-            environ[_BODY_LEFT] = True
+            _refuse_size(environ)
         elif length:
             environ["wsgi.input"] = io.BytesIO(environ["wsgi.input"].read(length))
         return self.app(environ, start_response)
@@ -91,12 +90,17 @@ class Inbound:
         """The de-chunked body, to one byte past the limit; from here on it is a body of that length."""
         body = environ["wsgi.input"].read(self.limit + 1)
         if len(body) > self.limit:
-            environ[_REFUSAL] = environ.get(_REFUSAL, RequestEntityTooLarge)
-            environ[_BODY_LEFT] = True
+            _refuse_size(environ)
             body = b""
         environ["wsgi.input"] = io.BytesIO(body)
         environ["CONTENT_LENGTH"] = str(len(body))
         environ.pop("HTTP_TRANSFER_ENCODING", None)
+
+
+def _refuse_size(environ: WSGIEnvironment) -> None:
+    """A body over the limit: 413 (unless the path was refused first), its bytes left unread."""
+    environ[_REFUSAL] = environ.get(_REFUSAL, RequestEntityTooLarge)
+    environ[_BODY_LEFT] = True
 
 
 def body_left(environ: WSGIEnvironment) -> bool:
