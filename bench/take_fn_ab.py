@@ -18,7 +18,7 @@ per-repetition ratios to the first side, and the load average at the start and t
 Sides: `statement` (the service's take, service/quota/takes.sql), `before` (the take statement as
 it was before the writers became functions, bench/take_before.sql), any function of the
 candidates file or the service by name; `<side>@unchecked` runs in a copy of --db with the schema
-as it was before migrations 0016 and 0021 (SCHEMA_BEFORE).
+as it was before migrations 0016, 0021 and 0029 (SCHEMA_BEFORE).
 
 --citus: the same turns on a local Citus cluster, CPU summed over its coordinator and workers.
 
@@ -65,8 +65,9 @@ CANDIDATES = HERE / "take_fn_candidates.sql"
 WRITERS = HERE.parent / "migrations" / "repeatable" / "ledger_writers.sql"
 BEFORE = HERE / "take_before.sql"
 # A side named `<side>@unchecked` runs in a copy of --db with the schema of the take as it was before
-# the writers became functions (main at 16a72a0): without migration 0016's CHECK on the ledger and
-# with 0021's domains and trigger back to the table CHECKs of 0001. `before@unchecked` is that take.
+# the writers became functions (main at 16a72a0): without migration 0016's CHECK on the ledger,
+# with 0021's domains and trigger back to the table CHECKs of 0001, and 0029's limit trigger back to
+# 0001's generated columns (re-added, so at the end of the row). `before@unchecked` is that take.
 UNCHECKED = "@unchecked"
 SCHEMA_BEFORE = """
 ALTER TABLE ledger DROP CONSTRAINT IF EXISTS ledger_row_check, DROP CONSTRAINT IF EXISTS ledger_links_check,
@@ -78,6 +79,12 @@ ALTER TABLE ledger
     ADD CONSTRAINT ledger_used_after_check CHECK (used_after >= 0),
     ADD CONSTRAINT ledger_check CHECK ((kind = 'release') = (take_id IS NOT NULL));
 DROP TRIGGER quotas_limit_rules ON quotas;
+DROP TRIGGER IF EXISTS quotas_effective_limit ON quotas;
+ALTER TABLE quotas DROP COLUMN lim, DROP COLUMN limit_source,
+    ADD COLUMN lim bigint GENERATED ALWAYS AS (
+        CASE WHEN override_set THEN override_limit WHEN lapsed THEN free_limit ELSE plan_limit END) STORED,
+    ADD COLUMN limit_source text GENERATED ALWAYS AS (
+        CASE WHEN override_set THEN 'override' WHEN lapsed THEN 'free_fallback' ELSE 'plan' END) STORED;
 ALTER TABLE quotas
     ADD CONSTRAINT quotas_plan_limit_check CHECK (plan_limit >= 0),
     ADD CONSTRAINT quotas_free_limit_check CHECK (free_limit >= 0),

@@ -208,3 +208,54 @@ def test_the_history_index_is_built_beside_the_rows_without_rewriting_them(empty
             "SELECT indisvalid FROM pg_index WHERE indexrelid = 'webhook_events_account'::regclass"
         ).fetchone()
         assert valid == (True,)
+
+
+def test_the_rules_read_once_migration_keeps_counters_and_ledger_in_place(empty_db: str) -> None:
+    """0029 and 0030 on a database with rows: no table or index is rewritten, every counter keeps
+    its limit and source (now plain columns the trigger keeps), the links rule is validated over the
+    rows already there, and both rules still hold."""
+    _migrate_before(empty_db, "0029")
+    files = (
+        "SELECT c.relname, c.relfilenode FROM pg_class c WHERE c.relname IN ('ledger', 'quotas') OR c.oid IN"
+        " (SELECT indexrelid FROM pg_index WHERE indrelid IN ('ledger'::regclass, 'quotas'::regclass))"
+        " ORDER BY 1"
+    )
+    rows = (
+        "SELECT (SELECT array_agg(to_jsonb(l) ORDER BY id) FROM ledger l)::text,"
+        " (SELECT array_agg(to_jsonb(q) ORDER BY metric) FROM quotas q)::text"
+    )
+    with psycopg.connect(empty_db, autocommit=True) as c:  # as the owner
+        c.execute(
+            "INSERT INTO accounts (id, kind, plan) VALUES ('acct-1', 'user', 'pro');"
+            "INSERT INTO quotas (account_id, metric, plan_limit, free_limit, override_set, override_limit,"
+            " lapsed, period) VALUES ('acct-1', 'links', 500, 10, false, NULL, false, '2026-11'),"
+            " ('acct-1', 'seats', 5, 1, false, NULL, true, '2026-11'),"
+            " ('acct-1', 'urls', 500, 10, true, 7, false, '2026-11');"
+            "INSERT INTO ledger (account_id, metric, period, kind, units, used_after, lim, actor, seq, hash)"
+            " VALUES ('acct-1', 'links', '2026-11', 'take', 3, 3, 500, 'svc', 1, sha256('x'))"
+        )
+        before, on_disk = c.execute(rows).fetchone(), c.execute(files).fetchall()
+        assert before is not None and "free_fallback" in before[1]  # the three sources are all there
+    migrate(empty_db)
+    with psycopg.connect(empty_db, autocommit=True) as c:
+        assert c.execute(files).fetchall() == on_disk
+        assert c.execute(rows).fetchone() == before
+        generated = c.execute(
+            "SELECT attname, attgenerated FROM pg_attribute WHERE attrelid = 'quotas'::regclass"
+            " AND attname IN ('lim', 'limit_source') ORDER BY 1"
+        ).fetchall()
+        assert generated == [("lim", ""), ("limit_source", "")]
+        assert c.execute(
+            "SELECT convalidated FROM pg_constraint WHERE conname = 'ledger_links_check'"
+        ).fetchone() == (True,)
+        c.execute("UPDATE quotas SET lapsed = true WHERE metric = 'links'")
+        assert c.execute("SELECT lim, limit_source FROM quotas WHERE metric = 'links'").fetchone() == (
+            10,
+            "free_fallback",
+        )
+        with pytest.raises(psycopg.errors.CheckViolation):
+            c.execute(
+                "INSERT INTO ledger (account_id, metric, period, kind, units, used_after, actor, seq,"
+                " prev_hash, hash) VALUES ('acct-1', 'links', '2026-11', 'release', 1, 2, 'svc', 2,"
+                " sha256('x'), sha256('y'))"
+            )
