@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import threading
+import time
 from dataclasses import dataclass
 from urllib.parse import quote, urlsplit
 
@@ -15,6 +17,16 @@ from service.errors import InvalidUrl
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 MAX_URL = 2048  # webhook_endpoints.url's CHECK
+# Seconds a name may take to resolve when an endpoint is created (an attempt gives its lookup what
+# is left of its own TIMEOUT). The system resolver's own limit is its timeout times its attempts
+# times its servers: 30 s and more with a nameserver that does not answer.
+LOOKUP_TIMEOUT = 5.0
+# getaddrinfo cannot be interrupted: a lookup runs on a thread of its own, which the caller stops
+# waiting for at its deadline. A lookup past its deadline keeps its thread until the resolver gives
+# up; at most LOOKUP_THREADS are held so at once, and a lookup that finds none free within its own
+# deadline fails as a slow one does (no queue, nothing grows while a resolver hangs).
+LOOKUP_THREADS = 8
+_lookup_slots = threading.BoundedSemaphore(LOOKUP_THREADS)
 
 
 @dataclass(frozen=True)
@@ -35,6 +47,32 @@ def lookup(host: str, port: int) -> list[Address]:
     """The addresses `host` resolves to (the system resolver; a test may replace this function)."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     return [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
+
+
+def lookup_within(host: str, port: int, timeout: float) -> list[Address]:
+    """`lookup`, waited for at most `timeout` seconds: raises TimeoutError past it."""
+    deadline = time.monotonic() + timeout
+    if not _lookup_slots.acquire(timeout=max(timeout, 0.0)):
+        raise TimeoutError
+    done = threading.Event()
+    outcome: list[list[Address] | BaseException] = []
+
+    def run() -> None:
+        try:
+            outcome.append(lookup(host, port))
+        except BaseException as e:  # handed to the caller, who raises it
+            outcome.append(e)
+        finally:
+            _lookup_slots.release()
+            done.set()
+
+    # a daemon: a lookup the resolver never ends holds no process from exiting
+    threading.Thread(target=run, name="dns-lookup", daemon=True).start()
+    if not done.wait(max(deadline - time.monotonic(), 0.0)):
+        raise TimeoutError
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
 
 
 def refusal(ip: Address) -> str | None:
@@ -90,9 +128,12 @@ def parse(url: str, *, allow_private: bool) -> Target:
     return Target(parts.scheme, host, port or default, path)
 
 
-def resolve(target: Target, *, allow_private: bool) -> list[Address]:
+def resolve(target: Target, *, allow_private: bool, timeout: float | None = None) -> list[Address]:
     """The target's addresses, every one of them allowed, or InvalidUrl: a name with one internal
-    address among public ones is refused whole, whichever the connection would have picked."""
+    address among public ones is refused whole, whichever the connection would have picked, and a
+    name that takes longer than `timeout` seconds (LOOKUP_TIMEOUT unless given) to resolve is
+    refused too."""
+    timeout = LOOKUP_TIMEOUT if timeout is None else timeout
     try:
         literal: Address | None = ipaddress.ip_address(target.host)
     except ValueError:
@@ -101,7 +142,9 @@ def resolve(target: Target, *, allow_private: bool) -> list[Address]:
         found = [literal]
     else:
         try:
-            found = lookup(target.host, target.port)
+            found = lookup_within(target.host, target.port, timeout)
+        except TimeoutError:
+            raise _refuse(f"{target.host} did not resolve within {timeout:g} s") from None
         except (OSError, UnicodeError) as e:
             raise _refuse(f"{target.host} does not resolve ({e})") from None
     if not found:

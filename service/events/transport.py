@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 from dataclasses import dataclass
 
 import urllib3
@@ -17,7 +18,7 @@ import urllib3.connection
 from service.errors import InvalidUrl
 from service.events import addresses
 
-TIMEOUT = 10.0  # seconds for the whole attempt: connect, send, and the answer's status line
+TIMEOUT = 10.0  # seconds for the whole attempt: lookup, connect, send, and the answer's status line
 USER_AGENT = "quota-ledger-relay"
 
 
@@ -38,12 +39,13 @@ class Outcome:
 
 
 def post(url: str, body: bytes, headers: dict[str, str], *, allow_private: bool) -> Outcome:
-    """POST `body` to `url` once, within TIMEOUT seconds from connect to the answer's headers (a
-    receiver that trickles its answer is cut off then); never raises for the network's or the
-    receiver's failures."""
+    """POST `body` to `url` once, within TIMEOUT seconds from the name's lookup to the answer's
+    headers (a resolver that hangs, or a receiver that trickles its answer, is cut off then); never
+    raises for the network's or the receiver's failures."""
+    deadline = time.monotonic() + TIMEOUT
     try:
         target = addresses.parse(url, allow_private=allow_private)
-        ip = addresses.resolve(target, allow_private=allow_private)[0]
+        ip = addresses.resolve(target, allow_private=allow_private, timeout=TIMEOUT)[0]
     except InvalidUrl as e:
         return Outcome(None, e.message)
     name = f"[{target.host}]" if ":" in target.host else target.host  # an IPv6 literal in brackets
@@ -65,7 +67,7 @@ def post(url: str, body: bytes, headers: dict[str, str], *, allow_private: bool)
     # The socket timeout bounds each read, not the attempt: the watchdog cuts the connection at the
     # deadline, which ends a read in progress (shutdown wakes a blocked recv; close does not).
     cut = threading.Event()
-    watchdog = threading.Timer(TIMEOUT, _cut, args=(conn, cut))
+    watchdog = threading.Timer(max(deadline - time.monotonic(), 0.0), _cut, args=(conn, cut))
     watchdog.start()
     try:
         conn.request("POST", target.path, body=body, headers=sent)

@@ -72,3 +72,38 @@ def test_allow_private_lifts_both_rules():
         addresses.check(url, allow_private=True)
     with pytest.raises(InvalidUrl, match="scheme"):
         addresses.check("ftp://127.0.0.1/x", allow_private=True)
+
+
+def test_hanging_lookups_hold_a_bounded_number_of_threads_and_each_fails_in_its_time(monkeypatch):
+    """Endpoint creation waits LOOKUP_TIMEOUT at most for a name; lookups the resolver never ends
+    keep at most LOOKUP_THREADS threads, and one that finds none free fails in its own time."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    release = threading.Event()
+    monkeypatch.setattr(
+        addresses, "lookup", lambda host, port: release.wait(30) and [ipaddress.ip_address("8.8.8.8")]
+    )
+    monkeypatch.setattr(addresses, "LOOKUP_TIMEOUT", 0.5)
+    before = threading.active_count()
+    callers = addresses.LOOKUP_THREADS + 4
+
+    def create(n: int) -> tuple[str, float]:
+        started = time.monotonic()
+        with pytest.raises(InvalidUrl) as refused:
+            addresses.check(f"https://hangs-{n}.example.com/hook", allow_private=False)
+        return refused.value.details["reason"], time.monotonic() - started
+
+    try:
+        with ThreadPoolExecutor(callers) as pool:
+            results = list(pool.map(create, range(callers)))
+            lookups = threading.active_count() - before - callers
+    finally:
+        release.set()
+    assert lookups <= addresses.LOOKUP_THREADS
+    assert all(
+        reason == f"hangs-{n}.example.com did not resolve within 0.5 s"
+        for n, (reason, _) in enumerate(results)
+    )
+    assert max(took for _, took in results) < 1.5

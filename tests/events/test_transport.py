@@ -194,3 +194,20 @@ def test_an_internationalized_name_is_looked_up_and_sent_in_ascii(monkeypatch):
     outcome = transport.post("https://例子.测试/hooks", b"{}", {}, allow_private=False)
     assert looked_up == ["xn--fsqu00a.xn--0zwm56d"]
     assert outcome.status is None and "127.0.0.1" in (outcome.error or "")  # refused after the lookup
+
+
+def test_a_lookup_that_hangs_ends_the_attempt_at_its_deadline(monkeypatch):
+    """getaddrinfo cannot be interrupted and a resolver whose server does not answer takes 30 s
+    and more: the attempt's deadline counts from before the lookup, and the attempt ends there."""
+    import time
+
+    release = threading.Event()
+    monkeypatch.setattr(addresses, "lookup", lambda host, port: release.wait(30) and [PUBLIC])
+    monkeypatch.setattr(transport, "TIMEOUT", 1.0)
+    started = time.monotonic()
+    try:
+        outcome = transport.post(f"https://{NAME}/in", b"{}", {}, allow_private=False)
+    finally:
+        release.set()
+    assert time.monotonic() - started < 2
+    assert outcome == transport.Outcome(None, f"the URL is refused: {NAME} did not resolve within 1 s")
