@@ -102,6 +102,17 @@ def _migrate_before(url: str, first: str) -> None:
         backend.connection.close()
 
 
+def _files(c: psycopg.Connection, *tables: str) -> dict[str, int]:
+    """The file of each of `tables` and of each of their indexes: a rewrite or a rebuild changes it."""
+    rows = c.execute(
+        "SELECT c.relname, c.relfilenode FROM pg_class c WHERE c.relname = ANY(%(t)s) OR c.oid IN"
+        " (SELECT indexrelid FROM pg_index i JOIN pg_class r ON r.oid = i.indrelid"
+        " WHERE r.relname = ANY(%(t)s))",
+        {"t": list(tables)},
+    ).fetchall()
+    return dict(rows)
+
+
 def test_the_rotation_migration_keeps_the_keys_of_a_running_service(empty_db: str) -> None:
     """0019 on a database with keys: each live key still works and stays its name's one live key,
     a revoked one stays refused, and api_keys is not rewritten."""
@@ -127,12 +138,6 @@ def test_the_row_rules_migration_keeps_ledger_and_counters_in_place(empty_db: st
     """0021 (the ledger's rules as domains, the counters' limit rules as a trigger) on a database
     with rows: no table or index is rewritten, the rows read the same, and the rules still refuse."""
     _migrate_before(empty_db, "0021")
-    files = (
-        "SELECT c.relname, c.relfilenode FROM pg_class c"
-        " WHERE c.relname IN ('ledger', 'quotas', 'accounts') OR c.oid IN"
-        " (SELECT indexrelid FROM pg_index WHERE indrelid IN ('ledger'::regclass, 'quotas'::regclass))"
-        " ORDER BY 1"
-    )
     rows = (
         # grant_id, alerted, alert_pct: columns of later migrations (0026, 0027), with their defaults
         "SELECT (SELECT array_agg(to_jsonb(l) - 'grant_id' ORDER BY id) FROM ledger l)::text,"
@@ -146,16 +151,16 @@ def test_the_row_rules_migration_keeps_ledger_and_counters_in_place(empty_db: st
             "INSERT INTO ledger (account_id, metric, period, kind, units, used_after, lim, actor, seq, hash)"
             " VALUES ('acct-1', 'links', '2026-11', 'take', 3, 3, 500, 'svc', 1, sha256('x'))"
         )
-        before, on_disk = c.execute(rows).fetchone(), c.execute(files).fetchall()
+        before, on_disk = c.execute(rows).fetchone(), _files(c, "ledger", "quotas", "accounts")
     migrate(empty_db)
     with psycopg.connect(empty_db, autocommit=True) as c:
-        after = dict(c.execute(files).fetchall())
+        after = _files(c, "ledger", "quotas", "accounts")
         # The partial unique indexes name `kind` in their predicates, so Postgres builds them again
         # (documented in the migration); no table and no other index is rewritten.
         rebuilt = {"ledger_take_key", "ledger_one_release", "ledger_one_period_open"}
-        rebuilt |= set(after) - dict(on_disk).keys()  # indexes of later migrations (0024: ledger_history)
+        rebuilt |= set(after) - on_disk.keys()  # indexes of later migrations (0024: ledger_history)
         assert {k: v for k, v in after.items() if k not in rebuilt} == {
-            k: v for k, v in on_disk if k not in rebuilt
+            k: v for k, v in on_disk.items() if k not in rebuilt
         }
         assert c.execute(rows).fetchone() == before
         insert = (
@@ -178,20 +183,16 @@ def test_the_history_index_is_built_beside_the_rows_without_rewriting_them(empty
     transaction), ledger_history serves the history's read, and the ledger and its other indexes
     keep their files."""
     _migrate_before(empty_db, "0024")
-    files = (
-        "SELECT c.relname, c.relfilenode FROM pg_class c WHERE c.relname = 'ledger' OR c.oid IN"
-        " (SELECT indexrelid FROM pg_index WHERE indrelid = 'ledger'::regclass) ORDER BY 1"
-    )
     with psycopg.connect(empty_db, autocommit=True) as c:  # as the owner
         c.execute(
             "INSERT INTO accounts (id, kind, plan) VALUES ('acct-1', 'user', 'pro');"
             "INSERT INTO ledger (account_id, metric, period, kind, units, used_after, lim, actor, seq, hash)"
             " VALUES ('acct-1', 'links', '2026-11', 'take', 3, 3, 500, 'svc', 1, sha256('x'))"
         )
-        before = dict(c.execute(files).fetchall())
+        before = _files(c, "ledger")
     migrate(empty_db)
     with psycopg.connect(empty_db, autocommit=True) as c:
-        after = dict(c.execute(files).fetchall())
+        after = _files(c, "ledger")
         assert {k: v for k, v in after.items() if k != "ledger_history"} == before
         valid = c.execute(
             "SELECT indisvalid, pg_get_indexdef(indexrelid) FROM pg_index"
@@ -215,11 +216,6 @@ def test_the_rules_read_once_migration_keeps_counters_and_ledger_in_place(empty_
     its limit and source (now plain columns the trigger keeps), the links rule is validated over the
     rows already there, and both rules still hold."""
     _migrate_before(empty_db, "0029")
-    files = (
-        "SELECT c.relname, c.relfilenode FROM pg_class c WHERE c.relname IN ('ledger', 'quotas') OR c.oid IN"
-        " (SELECT indexrelid FROM pg_index WHERE indrelid IN ('ledger'::regclass, 'quotas'::regclass))"
-        " ORDER BY 1"
-    )
     rows = (
         "SELECT (SELECT array_agg(to_jsonb(l) ORDER BY id) FROM ledger l)::text,"
         " (SELECT array_agg(to_jsonb(q) ORDER BY metric) FROM quotas q)::text"
@@ -234,11 +230,11 @@ def test_the_rules_read_once_migration_keeps_counters_and_ledger_in_place(empty_
             "INSERT INTO ledger (account_id, metric, period, kind, units, used_after, lim, actor, seq, hash)"
             " VALUES ('acct-1', 'links', '2026-11', 'take', 3, 3, 500, 'svc', 1, sha256('x'))"
         )
-        before, on_disk = c.execute(rows).fetchone(), c.execute(files).fetchall()
+        before, on_disk = c.execute(rows).fetchone(), _files(c, "ledger", "quotas")
         assert before is not None and "free_fallback" in before[1]  # the three sources are all there
     migrate(empty_db)
     with psycopg.connect(empty_db, autocommit=True) as c:
-        assert c.execute(files).fetchall() == on_disk
+        assert _files(c, "ledger", "quotas") == on_disk
         assert c.execute(rows).fetchone() == before
         generated = c.execute(
             "SELECT attname, attgenerated FROM pg_attribute WHERE attrelid = 'quotas'::regclass"
