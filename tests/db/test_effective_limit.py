@@ -103,8 +103,8 @@ def test_a_take_never_fires_the_limit_trigger_and_checks_its_row_once(conn, plan
     called; its ledger row's links rule is checked by one call of ledger_links_ok. A change of the
     plan's limit does call the trigger."""
     account = new_account(conn, plans)
-    conn.execute("SET track_functions = 'pl'")
     with conn.transaction():
+        conn.execute("SET LOCAL track_functions = 'pl'")
         for _ in range(3):
             takes.take(conn, plans, account_id=account, metric=METRIC, units=1, actor="t")
         assert _calls(conn, "quotas_effective_limit") == 0
