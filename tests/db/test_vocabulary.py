@@ -89,9 +89,16 @@ def test_every_pattern_of_the_database_is_the_codes(conn: Any) -> None:
 
 
 def test_the_limit_sources_are_the_ones_the_quotas_table_computes(conn: Any) -> None:
-    expression = conn.execute(
+    """What computes `limit_source`: the trigger of migration 0029 on one PostgreSQL, the generated
+    column of 0001 where it still is (Citus); in both, the sources are the CASE's results."""
+    generated = conn.execute(
         "SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef d"
         " JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum"
         " WHERE d.adrelid = 'quotas'::regclass AND a.attname = 'limit_source'"
-    ).fetchone()[0]
-    assert set(re.findall(r"'([^']*)'::text", expression)) == set(v.LimitSource)
+    ).fetchone()
+    if generated is None:
+        generated = conn.execute(
+            "SELECT prosrc FROM pg_proc WHERE proname = 'quotas_effective_limit'"
+        ).fetchone()
+    sources = re.findall(r"(?:THEN|ELSE) '([^']*)'", generated[0])
+    assert sources and set(sources) == set(v.LimitSource)
