@@ -11,13 +11,17 @@
 --   sets, BEFORE INSERT or an UPDATE OF any of their inputs (or of themselves, so that a direct
 --   write is computed over, as a generated column would refuse it); an UPDATE that sets none of
 --   those columns, as every take and every reset, never looks at it. The rule is 0001's CASE,
---   unchanged (tests/quota/test_effective_limit.py holds both forms to it).
+--   unchanged (tests/db/test_effective_limit.py holds the trigger to it on every write of each
+--   input; the API's tests run on Citus too, where the generated columns stay).
 -- * ledger_links_check (a release and a grant's draw name their take, nothing else does; a chain's
 --   first row alone has no previous hash) was read back and planned again for every ledger row
 --   written: 81,000 instructions a take. The same rule is now one call of ledger_links_ok, a
 --   PL/pgSQL function, whose compiled body is cached for the session: 40,000.
 --
--- Instant: catalog changes only (DROP EXPRESSION keeps every stored value and rewrites nothing).
+-- Instant: catalog changes only (DROP EXPRESSION keeps every stored value and rewrites nothing),
+-- under an exclusive lock on quotas and then on ledger, the order a take takes them in (the other
+-- would deadlock with a take in flight). While it waits for the ledger's lock (behind a long export),
+-- takes wait too: lock_timeout bounds that to 10 s, after which it gives up and is run again.
 -- The new CHECK is added NOT VALID, which enforces it on every row written from now on; 0030
 -- validates the rows already there (the same rule held them) without blocking takes.
 --

@@ -23,9 +23,10 @@ MAX_URL = 2048  # webhook_endpoints.url's CHECK
 LOOKUP_TIMEOUT = 5.0
 # getaddrinfo cannot be interrupted: a lookup runs on a thread of its own, which the caller stops
 # waiting for at its deadline. A lookup past its deadline keeps its thread until the resolver gives
-# up; at most LOOKUP_THREADS are held so at once, and a lookup that finds none free within its own
-# deadline fails as a slow one does (no queue, nothing grows while a resolver hangs).
-LOOKUP_THREADS = 8
+# up; at most LOOKUP_THREADS are held so at once (no queue, nothing grows while a resolver hangs),
+# and a lookup that finds none free within its own deadline fails, saying so. The relay's attempts
+# hold at most a few each of its workers (an attempt gives up after 10 s, a resolver after 30-40).
+LOOKUP_THREADS = 32
 _lookup_slots = threading.BoundedSemaphore(LOOKUP_THREADS)
 
 
@@ -49,11 +50,16 @@ def lookup(host: str, port: int) -> list[Address]:
     return [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
 
 
+class NoLookupSlot(TimeoutError):
+    """Every lookup thread is held by a lookup the resolver has not ended."""
+
+
 def lookup_within(host: str, port: int, timeout: float) -> list[Address]:
-    """`lookup`, waited for at most `timeout` seconds: raises TimeoutError past it."""
+    """`lookup`, waited for at most `timeout` seconds: raises TimeoutError past it (NoLookupSlot
+    when it could not even start)."""
     deadline = time.monotonic() + timeout
     if not _lookup_slots.acquire(timeout=max(timeout, 0.0)):
-        raise TimeoutError
+        raise NoLookupSlot
     done = threading.Event()
     outcome: list[list[Address] | BaseException] = []
 
@@ -67,7 +73,11 @@ def lookup_within(host: str, port: int, timeout: float) -> list[Address]:
             done.set()
 
     # a daemon: a lookup the resolver never ends holds no process from exiting
-    threading.Thread(target=run, name="dns-lookup", daemon=True).start()
+    try:
+        threading.Thread(target=run, name="dns-lookup", daemon=True).start()
+    except RuntimeError as e:  # no thread to be had: the slot is given back, and it is a lookup error
+        _lookup_slots.release()
+        raise OSError(f"no thread for the lookup ({e})") from None
     if not done.wait(max(deadline - time.monotonic(), 0.0)):
         raise TimeoutError
     if isinstance(outcome[0], BaseException):
@@ -143,6 +153,11 @@ def resolve(target: Target, *, allow_private: bool, timeout: float | None = None
     else:
         try:
             found = lookup_within(target.host, target.port, timeout)
+        except NoLookupSlot:
+            raise _refuse(
+                f"{target.host} was not looked up: {LOOKUP_THREADS} lookups of names whose resolver does"
+                f" not answer were still waiting after {timeout:g} s"
+            ) from None
         except TimeoutError:
             raise _refuse(f"{target.host} did not resolve within {timeout:g} s") from None
         except (OSError, UnicodeError) as e:

@@ -52,24 +52,32 @@ def post(url: str, body: bytes, headers: dict[str, str], *, allow_private: bool)
     default = 443 if target.scheme == "https" else 80
     host = name if target.port == default else f"{name}:{target.port}"
     sent = {"Host": host, "Content-Type": "application/json", "User-Agent": USER_AGENT, **headers}
+    left = deadline - time.monotonic()  # what the lookup left of the attempt's time
+    if left <= 0:
+        return Outcome(None, f"no answer within {TIMEOUT:g} s")
     conn: urllib3.connection.HTTPConnection
     if target.scheme == "https":
         conn = urllib3.connection.HTTPSConnection(
             str(ip),
             target.port,
-            timeout=TIMEOUT,
+            timeout=left,
             cert_reqs="CERT_REQUIRED",
             server_hostname=target.host,
             assert_hostname=target.host,
         )
     else:
-        conn = urllib3.connection.HTTPConnection(str(ip), target.port, timeout=TIMEOUT)
-    # The socket timeout bounds each read, not the attempt: the watchdog cuts the connection at the
-    # deadline, which ends a read in progress (shutdown wakes a blocked recv; close does not).
+        conn = urllib3.connection.HTTPConnection(str(ip), target.port, timeout=left)
+    # The socket timeout bounds the connect and each read, not the attempt: the watchdog cuts the
+    # connection at the deadline, which ends a read in progress (shutdown wakes a blocked recv; close
+    # does not). It can cut only a connection that has its socket: one that fires during the connect
+    # is seen right after it, before anything is sent.
     cut = threading.Event()
-    watchdog = threading.Timer(max(deadline - time.monotonic(), 0.0), _cut, args=(conn, cut))
+    watchdog = threading.Timer(left, _cut, args=(conn, cut))
     watchdog.start()
     try:
+        conn.connect()
+        if cut.is_set():
+            raise TimeoutError
         conn.request("POST", target.path, body=body, headers=sent)
         status, location = _answer(conn)
     except Exception as e:  # whatever the peer makes the client raise is a failed attempt

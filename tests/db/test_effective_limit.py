@@ -1,8 +1,9 @@
 """A counter's effective limit (`quotas.lim`) and its source (`limit_source`) follow 0001's rule on
 every write of their inputs: an admin override, else the free plan's limit for a lapsed paid plan,
-else the plan's. Since migration 0029 a trigger keeps them (generated columns before, as on Citus
-still), and it fires only on a write of those columns, so a take never pays for it; the ledger's
-links rule is one call of ledger_links_ok per row written."""
+else the plan's. Since migration 0029 a trigger keeps them on one PostgreSQL (this module's
+subject; on Citus they stay generated columns, which the API's tests cover there), and it fires
+only on a write of those columns, so a take never pays for it; the ledger's links rule is one call
+of ledger_links_ok per row written."""
 
 from __future__ import annotations
 

@@ -249,7 +249,7 @@ def test_the_rules_read_once_migration_keeps_counters_and_ledger_in_place(empty_
             10,
             "free_fallback",
         )
-        with pytest.raises(psycopg.errors.CheckViolation):
+        with pytest.raises(psycopg.errors.CheckViolation, match="ledger_links_check"):
             c.execute(
                 "INSERT INTO ledger (account_id, metric, period, kind, units, used_after, actor, seq,"
                 " prev_hash, hash) VALUES ('acct-1', 'links', '2026-11', 'release', 1, 2, 'svc', 2,"

@@ -98,7 +98,10 @@ def test_the_limit_sources_are_the_ones_the_quotas_table_computes(conn: Any) -> 
     ).fetchone()
     if generated is None:
         generated = conn.execute(
-            "SELECT prosrc FROM pg_proc WHERE proname = 'quotas_effective_limit'"
+            "SELECT p.prosrc FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid"
+            " WHERE t.tgrelid = 'quotas'::regclass AND t.tgname = 'quotas_effective_limit'"
+            " AND t.tgenabled = 'O'"
         ).fetchone()
+        assert generated is not None, "limit_source is neither generated nor kept by the trigger"
     sources = re.findall(r"(?:THEN|ELSE) '([^']*)'", generated[0])
     assert sources and set(sources) == set(v.LimitSource)

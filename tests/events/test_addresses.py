@@ -76,18 +76,21 @@ def test_allow_private_lifts_both_rules():
 
 def test_hanging_lookups_hold_a_bounded_number_of_threads_and_each_fails_in_its_time(monkeypatch):
     """Endpoint creation waits LOOKUP_TIMEOUT at most for a name; lookups the resolver never ends
-    keep at most LOOKUP_THREADS threads, and one that finds none free fails in its own time."""
+    hold at most LOOKUP_THREADS threads, a lookup that finds none free fails in its own time and
+    says why, and the threads are given back when the resolver answers."""
     import threading
     import time
     from concurrent.futures import ThreadPoolExecutor
 
     release = threading.Event()
-    monkeypatch.setattr(
-        addresses, "lookup", lambda host, port: release.wait(30) and [ipaddress.ip_address("8.8.8.8")]
-    )
+    public = [ipaddress.ip_address("8.8.8.8")]
+    monkeypatch.setattr(addresses, "lookup", lambda host, port: release.wait(30) and public)
     monkeypatch.setattr(addresses, "LOOKUP_TIMEOUT", 0.5)
-    before = threading.active_count()
-    callers = addresses.LOOKUP_THREADS + 4
+    monkeypatch.setattr(addresses, "LOOKUP_THREADS", 3)
+    monkeypatch.setattr(addresses, "_lookup_slots", threading.BoundedSemaphore(3))
+
+    def lookups() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "dns-lookup"]
 
     def create(n: int) -> tuple[str, float]:
         started = time.monotonic()
@@ -96,14 +99,19 @@ def test_hanging_lookups_hold_a_bounded_number_of_threads_and_each_fails_in_its_
         return refused.value.details["reason"], time.monotonic() - started
 
     try:
-        with ThreadPoolExecutor(callers) as pool:
-            results = list(pool.map(create, range(callers)))
-            lookups = threading.active_count() - before - callers
+        with ThreadPoolExecutor(5) as pool:
+            results = list(pool.map(create, range(5)))
+        held = len(lookups())
     finally:
         release.set()
-    assert lookups <= addresses.LOOKUP_THREADS
-    assert all(
-        reason == f"hangs-{n}.example.com did not resolve within 0.5 s"
-        for n, (reason, _) in enumerate(results)
-    )
+    assert held == 3
+    reasons = sorted(reason for reason, _ in results)
+    assert [r.split(" ", 1)[1] for r in reasons] == ["did not resolve within 0.5 s"] * 3 + [
+        "was not looked up: 3 lookups of names whose resolver does not answer were still waiting after 0.5 s"
+    ] * 2, reasons
     assert max(took for _, took in results) < 1.5
+    for t in lookups():
+        t.join(5)
+    # every thread came back: as many lookups as there are slots, and one more, all answered
+    for n in range(4):
+        assert addresses.check(f"https://back-{n}.example.com/hook", allow_private=False).host

@@ -211,3 +211,31 @@ def test_a_lookup_that_hangs_ends_the_attempt_at_its_deadline(monkeypatch):
         release.set()
     assert time.monotonic() - started < 2
     assert outcome == transport.Outcome(None, f"the URL is refused: {NAME} did not resolve within 1 s")
+
+
+def test_a_slow_lookup_leaves_a_trickling_receiver_only_what_is_left_of_the_deadline(monkeypatch):
+    """The attempt's deadline counts from before the lookup for the connect and the reads too: a
+    lookup that took most of it leaves a receiver only the rest (the watchdog, which cuts only a
+    connection that has its socket, is also checked right after the connect)."""
+    import time
+
+    def trickle(send: Any) -> None:
+        for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 100:
+            send(bytes([byte]))
+            time.sleep(0.2)
+
+    def slow_lookup(host: str, port: int) -> list[Any]:
+        time.sleep(0.9)
+        return [LOOPBACK]
+
+    monkeypatch.setattr(addresses, "lookup", slow_lookup)
+    monkeypatch.setattr(transport, "TIMEOUT", 1.0)
+    server = _Raw(trickle)
+    try:
+        started = time.monotonic()
+        outcome = transport.post(server.url.replace("127.0.0.1", NAME), b"{}", {}, allow_private=True)
+        took = time.monotonic() - started
+    finally:
+        server.close()
+    assert outcome == transport.Outcome(None, "no answer within 1 s")
+    assert took < 1.6
