@@ -23,6 +23,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,12 +55,16 @@ class WrkResult:
     errors: str
     app_us: float = 0.0  # CPU of the web server's processes per request (microseconds)
     db_us: float = 0.0  # CPU of its Postgres backends per request
+    # wrk's connections held by each of the server's processes halfway through the run, most first
+    # ("24/6/2/0": a keep-alive connection stays on the worker that accepted it; bench/README.md)
+    spread: str = ""
 
     def __str__(self) -> str:
         bad = f", non-2xx {self.non_2xx}" if self.non_2xx else ""
         return (
             f"{self.rps:,.0f} req/s, p50 {self.p50_ms:.1f} ms, p99 {self.p99_ms:.1f} ms, "
             f"cpu/req app {self.app_us:.0f} us + db {self.db_us:.0f} us{bad}{self.errors}"
+            + (f", connections {self.spread}" if self.spread else "")
         )
 
 
@@ -110,21 +115,71 @@ def backends(db_url: str) -> list[int]:
     return [int(r[0]) for r in rows]
 
 
+def connections(pids: list[int], port: int) -> list[int]:
+    """Established TCP connections to local `port` held by each of `pids`, most first, processes
+    holding none left out (Linux /proc; empty elsewhere)."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if f[3] == "01" and int(f[1].rsplit(":", 1)[1], 16) == port:  # ESTABLISHED, on our side
+                inodes.add(f[9])
+    held = []
+    for pid in pids:
+        try:
+            links = [os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()]
+        except OSError:
+            continue
+        n = sum(1 for link in links if link.startswith("socket:[") and link[8:-1] in inodes)
+        if n:
+            held.append(n)
+    return sorted(held, reverse=True)
+
+
 def measured(url: str, db_url: str, server_pid: int, wrk_args: list[str], *req: object) -> WrkResult:
-    """run_wrk, plus the CPU the server's processes and their Postgres backends spent per request."""
+    """run_wrk, plus the CPU the server's processes and their Postgres backends spent per request,
+    and how wrk's connections fell on the server's processes."""
     app, db = process_tree(server_pid), backends(db_url)
     a0, d0 = cpu_seconds(app), cpu_seconds(db)
-    r = run_wrk(url, wrk_args, *req)  # type: ignore[arg-type]
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    held: list[int] = []
+
+    def halfway() -> None:
+        time.sleep(wrk_seconds(wrk_args) / 2)
+        held[:] = connections(app, port)
+
+    r = run_wrk(url, wrk_args, *req, during=halfway)  # type: ignore[arg-type,misc]
     a1, d1 = cpu_seconds(app), cpu_seconds(db)
     n = max(r.rps * wrk_seconds(wrk_args), 1)
-    return dataclasses.replace(r, app_us=cpu_delta(a0, a1) / n * 1e6, db_us=cpu_delta(d0, d1) / n * 1e6)
+    return dataclasses.replace(
+        r,
+        app_us=cpu_delta(a0, a1) / n * 1e6,
+        db_us=cpu_delta(d0, d1) / n * 1e6,
+        spread="/".join(map(str, held)),
+    )
 
 
 def run_wrk(
-    url: str, wrk_args: list[str], template: str, accounts: int, key: str, method: str = "POST"
+    url: str,
+    wrk_args: list[str],
+    template: str,
+    accounts: int,
+    key: str,
+    method: str = "POST",
+    during: Callable[[], None] | None = None,
 ) -> WrkResult:
+    """wrk's figures for one run; `during` is called while wrk runs."""
     cmd = ["wrk", *wrk_args, "--latency", "-s", str(LUA), url, "--", template, str(accounts), key, method]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) as p:
+        if during is not None:
+            during()
+        out = p.communicate()[0]
+    if p.returncode:
+        raise subprocess.CalledProcessError(p.returncode, cmd, out)
     rps = float(re.search(r"Requests/sec:\s+([0-9.]+)", out).group(1))  # type: ignore[union-attr]
     p50 = wrk_ms(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]
     p99 = wrk_ms(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]
