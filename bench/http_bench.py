@@ -58,12 +58,14 @@ class WrkResult:
     # wrk's connections held by each of the server's processes halfway through the run, most first
     # ("24/6/2/0": a keep-alive connection stays on the worker that accepted it; bench/README.md)
     spread: str = ""
+    switches: float = 0.0  # voluntary context switches of the web server's threads per request
 
     def __str__(self) -> str:
         bad = f", non-2xx {self.non_2xx}" if self.non_2xx else ""
         return (
             f"{self.rps:,.0f} req/s, p50 {self.p50_ms:.1f} ms, p99 {self.p99_ms:.1f} ms, "
             f"cpu/req app {self.app_us:.0f} us + db {self.db_us:.0f} us{bad}{self.errors}"
+            + (f", {self.switches:.1f} switches/req" if self.switches else "")
             + (f", connections {self.spread}" if self.spread else "")
         )
 
@@ -105,6 +107,20 @@ def process_tree(root: int) -> list[int]:
     return tree
 
 
+def switches(pids: list[int]) -> int:
+    """Voluntary context switches so far of these processes' threads (Linux /proc)."""
+    total = 0
+    for pid in pids:
+        try:
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                for line in (task / "status").read_text().splitlines():
+                    if line.startswith("voluntary_ctxt_switches"):
+                        total += int(line.split()[1])
+        except OSError:
+            continue
+    return total
+
+
 def backends(db_url: str) -> list[int]:
     """Pids of the client backends connected to db_url's database (the server's pool)."""
     with psycopg.connect(db_url, autocommit=True) as conn:
@@ -144,7 +160,7 @@ def measured(url: str, db_url: str, server_pid: int, wrk_args: list[str], *req: 
     """run_wrk, plus the CPU the server's processes and their Postgres backends spent per request,
     and how wrk's connections fell on the server's processes."""
     app, db = process_tree(server_pid), backends(db_url)
-    a0, d0 = cpu_seconds(app), cpu_seconds(db)
+    a0, d0, s0 = cpu_seconds(app), cpu_seconds(db), switches(app)
     port = int(url.rsplit(":", 1)[1].split("/")[0])
     held: list[int] = []
 
@@ -153,13 +169,14 @@ def measured(url: str, db_url: str, server_pid: int, wrk_args: list[str], *req: 
         held[:] = connections(app, port)
 
     r = run_wrk(url, wrk_args, *req, during=halfway)  # type: ignore[arg-type,misc]
-    a1, d1 = cpu_seconds(app), cpu_seconds(db)
+    a1, d1, s1 = cpu_seconds(app), cpu_seconds(db), switches(app)
     n = max(r.rps * wrk_seconds(wrk_args), 1)
     return dataclasses.replace(
         r,
         app_us=cpu_delta(a0, a1) / n * 1e6,
         db_us=cpu_delta(d0, d1) / n * 1e6,
         spread="/".join(map(str, held)),
+        switches=(s1 - s0) / n,
     )
 
 

@@ -34,22 +34,8 @@ sys.path.insert(0, str(HERE))
 
 import psycopg  # noqa: E402
 from common import server, server_urls, with_database  # noqa: E402
-from http_bench import LUA, backends, cpu_delta, cpu_seconds, process_tree, wait_ready  # noqa: E402
+from http_bench import LUA, backends, cpu_delta, cpu_seconds, process_tree, switches, wait_ready  # noqa: E402
 from take_bench import ACCOUNTS, BASELINE, PLANS_FILE, ROOT, product_key, setup  # noqa: E402
-
-
-def switches(pids: list[int]) -> int:
-    """Voluntary context switches so far of these processes' threads (Linux /proc)."""
-    total = 0
-    for pid in pids:
-        try:
-            for task in Path(f"/proc/{pid}/task").iterdir():
-                for line in (task / "status").read_text().splitlines():
-                    if line.startswith("voluntary_ctxt_switches"):
-                        total += int(line.split()[1])
-        except OSError:
-            continue
-    return total
 
 
 def updates(db_url: str, table: str) -> tuple[int, int]:
