@@ -10,6 +10,7 @@ import ipaddress
 import socket
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from urllib.parse import quote, urlsplit
 
@@ -60,17 +61,15 @@ def lookup_within(host: str, port: int, timeout: float) -> list[Address]:
     deadline = time.monotonic() + timeout
     if not _lookup_slots.acquire(timeout=max(timeout, 0.0)):
         raise NoLookupSlot
-    done = threading.Event()
-    outcome: list[list[Address] | BaseException] = []
+    found: Future[list[Address]] = Future()
 
     def run() -> None:
         try:
-            outcome.append(lookup(host, port))
+            found.set_result(lookup(host, port))
         except BaseException as e:  # handed to the caller, who raises it
-            outcome.append(e)
+            found.set_exception(e)
         finally:
             _lookup_slots.release()
-            done.set()
 
     # a daemon: a lookup the resolver never ends holds no process from exiting
     try:
@@ -78,11 +77,7 @@ def lookup_within(host: str, port: int, timeout: float) -> list[Address]:
     except RuntimeError as e:  # no thread to be had: the slot is given back, and it is a lookup error
         _lookup_slots.release()
         raise OSError(f"no thread for the lookup ({e})") from None
-    if not done.wait(max(deadline - time.monotonic(), 0.0)):
-        raise TimeoutError
-    if isinstance(outcome[0], BaseException):
-        raise outcome[0]
-    return outcome[0]
+    return found.result(timeout=max(deadline - time.monotonic(), 0.0))  # TimeoutError past it
 
 
 def refusal(ip: Address) -> str | None:

@@ -52,9 +52,10 @@ def post(url: str, body: bytes, headers: dict[str, str], *, allow_private: bool)
     default = 443 if target.scheme == "https" else 80
     host = name if target.port == default else f"{name}:{target.port}"
     sent = {"Host": host, "Content-Type": "application/json", "User-Agent": USER_AGENT, **headers}
+    late = f"no answer within {TIMEOUT:g} s"
     left = deadline - time.monotonic()  # what the lookup left of the attempt's time
     if left <= 0:
-        return Outcome(None, f"no answer within {TIMEOUT:g} s")
+        return Outcome(None, late)
     conn: urllib3.connection.HTTPConnection
     if target.scheme == "https":
         conn = urllib3.connection.HTTPSConnection(
@@ -81,7 +82,7 @@ def post(url: str, body: bytes, headers: dict[str, str], *, allow_private: bool)
         conn.request("POST", target.path, body=body, headers=sent)
         status, location = _answer(conn)
     except Exception as e:  # whatever the peer makes the client raise is a failed attempt
-        why = f"no answer within {TIMEOUT:g} s" if cut.is_set() else f"{type(e).__name__}: {e}"
+        why = late if cut.is_set() else f"{type(e).__name__}: {e}"
         return Outcome(None, printable(why))
     finally:
         watchdog.cancel()
