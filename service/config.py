@@ -46,7 +46,10 @@ class Settings:
     # environment); None applies both (WEBHOOK_ENVIRONMENT=any). Events of the other one are stored
     # as ignored.
     webhook_environment: str | None = None
-    db_pool_size: int = 4
+    # Connections per web process for requests (not exports); serve's app threads are as many by
+    # default (service/serve.py DEFAULT_THREADS), so that a request never waits for one behind another
+    # thread of its own process.
+    db_pool_size: int = 8
     # How long a request waits for a pooled connection before it is answered 503.
     db_pool_timeout: float = 2.0
     # Off behind a transaction pooler that cannot keep prepared statements across transactions

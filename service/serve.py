@@ -30,9 +30,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-# Blocking threads per worker process: a client that sends its body slowly holds one until its
-# request has arrived; requests that have arrived wait for one of the DB_POOL_SIZE connections.
-DEFAULT_THREADS = 16
+# Blocking threads per worker process, as many as a process has database connections by default
+# (DB_POOL_SIZE): a request that has arrived does not wait in Python for a connection. With twice as
+# many threads as connections (16 and 4, the defaults before), handing connections over between
+# threads cost ~10% more web CPU per take and ~10% of the takes/s (bench/README.md, 2026-12-07,
+# fourth session). A client that sends its body slowly holds a thread until its request has arrived.
+DEFAULT_THREADS = 8
 # The request's head (request line and headers) must fit the server's read buffer; a larger one is
 # answered 431 by granian itself, with no body (docs/api.md). The app refuses a long target itself
 # (414).

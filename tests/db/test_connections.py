@@ -45,3 +45,21 @@ def test_a_connect_timeout_unless_the_url_sets_one() -> None:
     assert db.connect_kwargs(Settings(database_url="postgresql://x@h/d"))["connect_timeout"] == 2
     url = "postgresql://x@h/d?connect_timeout=10"
     assert "connect_timeout" not in db.connect_kwargs(Settings(database_url=url))
+
+
+def test_the_pool_hands_out_the_connection_returned_last(db_url: str) -> None:
+    """A stack, not psycopg_pool's queue (db.StackPool): the connection a request returned serves the
+    next one, and the others stay idle in the order they were returned."""
+    database = db.Database(Settings(database_url=db_url, db_pool_size=3), min_size=3)
+    try:
+        database.pool.open(wait=True)  # all three connected, none handed out yet
+        with database.connection() as a, database.connection() as b, database.connection() as c:
+            pids = [conn.info.backend_pid for conn in (a, b, c)]  # returned c, then b, then a
+        assert len(set(pids)) == 3
+        for _ in range(3):
+            with database.connection() as conn:
+                assert conn.info.backend_pid == pids[0]  # the last returned, every time
+        with database.connection() as first, database.connection() as second:
+            assert [first.info.backend_pid, second.info.backend_pid] == pids[:2]
+    finally:
+        database.close()
