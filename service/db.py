@@ -157,9 +157,14 @@ class StackPool(ConnectionPool[Connection]):
     psycopg-pool is pinned to a minor, and tests/db/test_connections.py fails when the order is lost."""
 
     def _get_ready_connection(self, timeout: float | None) -> Connection | None:
-        # the connection returned last moves from the right end to the left, where the base class takes
+        # the connection returned last moves from the right end to the left, where the base class
+        # takes; back again when it takes none (it raised), so that the idle ones keep their order
         self._pool.rotate(1)
-        return super()._get_ready_connection(timeout)
+        try:
+            return super()._get_ready_connection(timeout)
+        except BaseException:
+            self._pool.rotate(-1)
+            raise
 
 
 class Database:

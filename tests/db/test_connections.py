@@ -4,6 +4,7 @@ arguments: DB_PREPARED_STATEMENTS, a bounded connect timeout, autocommit."""
 from __future__ import annotations
 
 import pytest
+from psycopg_pool import PoolTimeout
 
 from service import cli, db
 from service.config import Settings
@@ -61,5 +62,19 @@ def test_the_pool_hands_out_the_connection_returned_last(db_url: str) -> None:
                 assert conn.info.backend_pid == pids[0]  # the last returned, every time
         with database.connection() as first, database.connection() as second:
             assert [first.info.backend_pid, second.info.backend_pid] == pids[:2]
+    finally:
+        database.close()
+
+
+def test_a_checkout_that_times_out_keeps_the_stack_in_order(db_url: str) -> None:
+    database = db.Database(Settings(database_url=db_url, db_pool_size=2), min_size=2)
+    try:
+        database.pool.open(wait=True)
+        with database.connection() as a, database.connection() as b:
+            pids = [a.info.backend_pid, b.info.backend_pid]  # returned b, then a
+        with pytest.raises(PoolTimeout):
+            database.pool.getconn(timeout=0)  # refused before taking any
+        with database.connection() as conn:
+            assert conn.info.backend_pid == pids[0]
     finally:
         database.close()
