@@ -134,11 +134,16 @@ def check_connection(conn: Connection) -> None:
     idle connection has nothing to read unless the server closed it (a restart or failover sends a
     FATAL message and closes the socket). Only then does the round trip of psycopg_pool's own check
     decide: a round trip on every checkout is a measurable share of an HTTP take's CPU
-    (bench/README.md, "Database outages")."""
+    (bench/README.md, "Database outages").
+
+    poll(), not select(): a web worker that holds many clients' connections gives its database
+    connections descriptors past 1,023, which select() refuses (ValueError), and every checkout
+    then failed: 1,500 idle clients on two workers made takes 503 (tests/http/test_serve.py)."""
     if conn.closed:
         raise psycopg.OperationalError("the connection is closed")
-    readable, _, _ = select.select([conn.fileno()], [], [], 0)
-    if readable:
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN)
+    if poller.poll(0):
         ConnectionPool.check_connection(conn)
 
 

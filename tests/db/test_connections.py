@@ -78,3 +78,29 @@ def test_a_checkout_that_times_out_keeps_the_stack_in_order(db_url: str) -> None
             assert conn.info.backend_pid == pids[0]
     finally:
         database.close()
+
+
+def test_a_connection_past_descriptor_1023_is_checked_out(db_url: str) -> None:
+    """A web worker holding many clients' sockets gives its database connections descriptors past
+    1,023, where select() refuses to look (the check used it, and every checkout then failed)."""
+    import os
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        if hard != resource.RLIM_INFINITY and hard < 1200:
+            pytest.skip(f"needs 1,200 open files, and this process may open {hard} (ulimit -Hn)")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1200, hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    database = db.Database(Settings(database_url=db_url, db_pool_size=1))
+    try:
+        with database.connection() as conn:
+            assert conn.fileno() > 1023
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        with database.connection() as conn:  # checked on its way out of the pool
+            assert conn.execute("SELECT 2").fetchone() == (2,)
+    finally:
+        database.close()
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
