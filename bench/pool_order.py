@@ -63,6 +63,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--setup", action="store_true", help="create --db afresh first (100,000 accounts)")
     ap.add_argument("--takes", type=int, default=500, help="takes per side per repetition")
     ap.add_argument("--reps", type=int, default=6)
+    # 4: as the figure in bench/README.md was measured; one thread uses one connection at a time, and
+    # the others only cool while idle (serve's default is 8)
     ap.add_argument("--pool", type=int, default=4, help="DB_POOL_SIZE of each side (default 4)")
     args = ap.parse_args(argv)
     pg, _ = server_urls(ap)

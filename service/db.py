@@ -159,7 +159,8 @@ class StackPool(ConnectionPool[Connection]):
     one idle longest, as SQLAlchemy's pool_use_lifo and Rails' pool do.
 
     This reaches into psycopg_pool (`_get_ready_connection`, `_pool`, called under the pool's lock):
-    psycopg-pool is pinned to a minor, and tests/db/test_connections.py fails when the order is lost."""
+    psycopg-pool is pinned to a minor, and tests/db/test_connections.py fails when the order is lost.
+    psycopg_pool's `check()` (never called here) would reverse the idle ones' order."""
 
     def _get_ready_connection(self, timeout: float | None) -> Connection | None:
         # the connection returned last moves from the right end to the left, where the base class
