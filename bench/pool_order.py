@@ -35,7 +35,7 @@ from take_bench import ACCOUNTS, PLANS_FILE, service_database  # noqa: E402
 
 from service.config import Settings  # noqa: E402
 from service.db import Connection, Database  # noqa: E402
-from service.plans import load_plans  # noqa: E402
+from service.plans import PlanConfig, load_plans  # noqa: E402
 from service.quota import takes  # noqa: E402
 
 
@@ -45,12 +45,12 @@ class QueueDatabase(Database):
     pool_class: type[ConnectionPool[Connection]] = ConnectionPool
 
 
-def run(database: Database, plans: object, n: int) -> None:
+def run(database: Database, plans: PlanConfig, n: int) -> None:
     for _ in range(n):
         with database.connection() as conn:
             takes.take(
                 conn,
-                plans,  # type: ignore[arg-type]
+                plans,
                 account_id=f"acct-{random.randint(1, ACCOUNTS)}",
                 metric="urls",
                 actor="bench-pool-order",

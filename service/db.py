@@ -153,8 +153,9 @@ class StackPool(ConnectionPool[Connection]):
 
     Why: a request on the connection (and backend) that served the last one costs this process about
     65 us less CPU per take than one on the connection idle longest, the backend's cache and the
-    scheduler still warm (bench/README.md, "The pool hands out the connection returned last"); a
-    queue cycles through every idle connection, so every take met a cold one. The connections
+    scheduler still warm (bench/README.md, fourth session of 2026-12-07, "The pool hands out the
+    connection returned last"); a queue cycles through every idle connection, so every take met a
+    cold one. The connections
     left idle stay in least-recently-used order on the left, where the pool's shrinking closes the
     one idle longest, as SQLAlchemy's pool_use_lifo and Rails' pool do.
 

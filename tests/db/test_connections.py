@@ -3,6 +3,9 @@ arguments: DB_PREPARED_STATEMENTS, a bounded connect timeout, autocommit."""
 
 from __future__ import annotations
 
+import os
+import resource
+
 import pytest
 from psycopg_pool import PoolTimeout
 
@@ -83,9 +86,6 @@ def test_a_checkout_that_times_out_keeps_the_stack_in_order(db_url: str) -> None
 def test_a_connection_past_descriptor_1023_is_checked_out(db_url: str) -> None:
     """A web worker holding many clients' sockets gives its database connections descriptors past
     1,023, where select() refuses to look (the check used it, and every checkout then failed)."""
-    import os
-    import resource
-
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     needed = len(os.listdir("/proc/self/fd")) + 1200
     if hard != resource.RLIM_INFINITY and hard < needed:
